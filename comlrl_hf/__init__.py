@@ -1,0 +1,15 @@
+"""comlrl_hf: cooperative multi-LLM reinforcement learning on transformers.Trainer."""
+
+__version__ = "0.1.0"
+
+from .models import MultiAgentModel
+from .trainers import (
+    MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MAReMaxConfig, MAReMaxTrainer,
+    MARLOOConfig, MARLOOTrainer, MultiAgentConfig, MultiAgentTrainer,
+)
+
+__all__ = [
+    "MultiAgentModel", "MultiAgentConfig", "MultiAgentTrainer",
+    "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
+    "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",
+]

@@ -1,0 +1,3 @@
+from .multi_agent import MultiAgentModel
+
+__all__ = ["MultiAgentModel"]

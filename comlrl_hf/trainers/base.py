@@ -1,0 +1,295 @@
+"""`MultiAgentTrainer`: `transformers.Trainer` for N cooperating language-model agents.
+
+Trainer keeps the loop, accelerate, precision, gradient accumulation, schedulers, callbacks and reporting.
+This class overrides only what N agents need: building the agents, the prompt dataloader, per-agent
+optimizer groups and gradient clipping, a per-agent forward+backward `training_step`, logging keyed on
+`env_step`, and saving the `agent_i/` layout. Algorithms implement `rollout()` and `agent_loss()`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader, Sampler
+from transformers import PreTrainedTokenizerBase, Trainer
+
+from ..models.multi_agent import MultiAgentModel
+from ..utils.model_sources import (
+    check_vocab_fits,
+    load_causal_lm,
+    resolve_count,
+    resolve_sources,
+    resolve_tokenizers,
+    validate_model_config,
+)
+from .config import MultiAgentConfig
+
+
+def _identity_collate(items: list) -> list:
+    return items
+
+
+class PromptBatchSampler(Sampler[list[int]]):
+    """Batches of dataset indices, reshuffled per epoch from `seed + epoch` (so a resumed run sees the same
+    order), with each group of `group_size` batches repeated `repeats` times when a rollout is reused."""
+
+    def __init__(self, num_items: int, batch_size: int, *, shuffle: bool, seed: int, group_size: int = 1, repeats: int = 1):
+        self.num_items, self.batch_size, self.shuffle, self.seed = num_items, batch_size, shuffle, seed
+        self.group_size, self.repeats, self.epoch = group_size, repeats, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _batches(self) -> list[list[int]]:
+        if self.shuffle:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_items, generator=generator).tolist()
+        else:
+            order = list(range(self.num_items))
+        return [order[i : i + self.batch_size] for i in range(0, self.num_items, self.batch_size)]
+
+    def __iter__(self):
+        batches = self._batches()
+        for start in range(0, len(batches), self.group_size):
+            group = batches[start : start + self.group_size]
+            for _ in range(self.repeats):
+                yield from group
+
+    def __len__(self) -> int:
+        return math.ceil(self.num_items / self.batch_size) * self.repeats
+
+
+class MultiAgentTrainer(Trainer):
+    """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
+    `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
+
+    config_class: type[MultiAgentConfig] = MultiAgentConfig
+    algorithm_name = "MultiAgent"
+    # IAC/MAAC: when `agents` is a list, the tokenizer must be given explicitly (spec §1.3).
+    explicit_tokenizer_for_agent_list = False
+    # The rollouts, the loss normalisation and the division by gradient-accumulation steps are ours.
+    loss_is_scaled_for_ga = True
+
+    def __init__(
+        self,
+        agent_model: str | os.PathLike | torch.nn.Module | None = None,
+        agents: Sequence[str | os.PathLike | torch.nn.Module] | None = None,
+        num_agents: int | None = None,
+        tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
+        model_config: dict | None = None,
+        args: MultiAgentConfig | None = None,
+        train_dataset=None,
+        eval_dataset=None,
+        callbacks: list | None = None,
+        optimizers: tuple = (None, None),
+        wandb_config: dict | None = None,
+    ):
+        if args is None:
+            args = self.config_class(output_dir=f"{self.algorithm_name}-output")
+        elif not isinstance(args, self.config_class):
+            raise ValueError(
+                f"{type(self).__name__} needs args of type {self.config_class.__name__}, got {type(args).__name__}"
+            )
+        if wandb_config is not None:
+            raise NotImplementedError("wandb_config is not supported yet; use args.report_to=['wandb']")
+        count = resolve_count("agents", num_agents, args.num_agents, agents)
+        sources = resolve_sources("agents", agent_model, agents, count)
+        self.model_config = validate_model_config(model_config)
+        tokenizers = resolve_tokenizers(
+            tokenizer, sources, explicit_required_for_list=self.explicit_tokenizer_for_agent_list, listed=agents is not None
+        )
+        self._validate_before_loading(args, count)
+        models = [load_causal_lm(src, self.model_config) for src in sources]
+        seen: set[int] = set()
+        for i, (model, tok) in enumerate(zip(models, tokenizers)):
+            if id(model) in seen:
+                raise ValueError(f"agents[{i}] is the same model object as an earlier agent; pass one model per agent")
+            seen.add(id(model))
+            check_vocab_fits(model, tok, f"agents[{i}]")
+        args.num_agents = count
+        container = MultiAgentModel(models, tokenizers)
+        self.env_step = 0  # joint actions scored so far: the x-axis of every logged metric
+        self._metrics: dict[str, list[float]] = defaultdict(list)
+        self._agent_grad_norms: list[float] | None = None
+        self._rollout_cache: list[Any] = []
+        self._micro_step = 0
+        super().__init__(
+            model=container,
+            args=args,
+            data_collator=_identity_collate,
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=None,
+            callbacks=callbacks,
+            optimizers=optimizers,
+        )
+
+    def _validate_before_loading(self, args: MultiAgentConfig, num_agents: int) -> None:
+        """Algorithm checks that need no model; raised before any weights are loaded."""
+
+    # ---- the agents ----
+    @property
+    def agents(self) -> torch.nn.ModuleList:
+        return self._container.agents
+
+    @property
+    def tokenizers(self) -> list[PreTrainedTokenizerBase]:
+        return self._container.tokenizers
+
+    @property
+    def num_agents(self) -> int:
+        return self._container.num_agents
+
+    @property
+    def _container(self) -> MultiAgentModel:
+        return self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
+
+    # ---- data ----
+    def rollout_reuse_count(self) -> int:
+        """How many optimizer passes one rollout feeds (1: on-policy)."""
+        return 1
+
+    def get_train_dataloader(self) -> DataLoader:
+        if self.train_dataset is None:
+            raise ValueError(f"{type(self).__name__}.train() needs a train_dataset")
+        num_items = len(self.train_dataset)
+        if num_items == 0:
+            raise ValueError("train_dataset is empty")
+        batch_size = self.args.per_device_train_batch_size
+        group = self.args.gradient_accumulation_steps
+        repeats = self.rollout_reuse_count()
+        num_batches = math.ceil(num_items / batch_size)
+        if repeats > 1 and num_batches % group:
+            raise ValueError(
+                f"reusing rollouts ({repeats} times) needs the {num_batches} batches per epoch to divide into "
+                f"gradient_accumulation_steps={group}; change per_device_train_batch_size or the dataset size"
+            )
+        sampler = PromptBatchSampler(
+            num_items, batch_size, shuffle=self.args.shuffle_dataset, seed=self.args.seed, group_size=group, repeats=repeats
+        )
+        loader = DataLoader(
+            self.train_dataset,
+            batch_sampler=sampler,
+            collate_fn=_identity_collate,
+            num_workers=self.args.dataloader_num_workers,
+        )
+        return self.accelerator.prepare(loader)
+
+    # ---- optimization ----
+    def create_optimizer(self, model=None):
+        """One parameter group per agent (`agent_i`, and `agent_i/no_decay` for biases and norms when
+        weight decay is on), each at `agent_learning_rate`. AdamW is per-parameter, so this equals N optimizers."""
+        if self.optimizer is not None:
+            return self.optimizer
+        groups = []
+        for i, agent in enumerate(self.agents):
+            decay = set(self.get_decay_parameter_names(agent))
+            params = [(n, p) for n, p in agent.named_parameters() if p.requires_grad]
+            rate = self.args.agent_learning_rate
+            if self.args.weight_decay:
+                groups.append({"name": f"agent_{i}", "params": [p for n, p in params if n in decay], "lr": rate,
+                               "weight_decay": self.args.weight_decay})
+                groups.append({"name": f"agent_{i}/no_decay", "params": [p for n, p in params if n not in decay],
+                               "lr": rate, "weight_decay": 0.0})
+            else:
+                groups.append({"name": f"agent_{i}", "params": [p for _, p in params], "lr": rate, "weight_decay": 0.0})
+        groups = [g for g in groups if g["params"]]
+        optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
+        self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
+        return self.optimizer
+
+    def _agent_of_group(self, group: dict) -> str:
+        return group.get("name", "").split("/")[0]
+
+    def _clip_grad_norm(self, model):
+        """Clip each agent's gradients to `max_grad_norm` on its own (the default clips all agents jointly,
+        so one agent's large gradient would shrink the others'). Returns the norm over all agents."""
+        self.accelerator.unscale_gradients()
+        per_agent: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for group in self.optimizer.param_groups:
+            per_agent[self._agent_of_group(group)].extend(p for p in group["params"] if p.grad is not None)
+        norms = [torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm) for params in per_agent.values()]
+        self._agent_grad_norms = {name: norm.item() for name, norm in zip(per_agent, norms)}
+        return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.tensor(0.0)
+
+    # ---- one step ----
+    def rollout(self, batch: list[dict]) -> Any:
+        raise NotImplementedError
+
+    def agent_loss(self, agent_index: int, inputs: Any) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _inputs_for_step(self, batch: list[dict]) -> Any:
+        """A fresh rollout, or the buffered one when rollouts are reused (`rollout_reuse_count() > 1`)."""
+        group = self.args.gradient_accumulation_steps
+        cycle = self._micro_step % (group * self.rollout_reuse_count())
+        slot = cycle % group
+        if cycle < group:
+            inputs = self.rollout(batch)
+            if slot < len(self._rollout_cache):
+                self._rollout_cache[slot] = inputs
+            else:
+                self._rollout_cache.append(inputs)
+        self._micro_step += 1
+        return self._rollout_cache[slot]
+
+    def training_step(self, model, inputs, num_items_in_batch=None) -> torch.Tensor:
+        """Rollout, then forward+backward one agent at a time: one agent's activations live at a time, and
+        activation checkpointing stays correct when agents share modules."""
+        model.train()
+        rollout = self._inputs_for_step(inputs)
+        total = torch.zeros((), device=self.args.device)
+        for i in range(self.num_agents):
+            with self.compute_loss_context_manager():
+                loss = self.agent_loss(i, rollout)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"agent {i} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}"
+                )
+            loss = loss / self.current_gradient_accumulation_steps
+            self.accelerator.backward(loss)
+            total += loss.detach()
+        return total
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        """The summed loss of all agents on prepared `inputs` (training uses one backward per agent instead)."""
+        loss = sum(self.agent_loss(i, inputs) for i in range(self.num_agents))
+        return (loss, None) if return_outputs else loss
+
+    # ---- logging ----
+    def record_metric(self, name: str, value: float) -> None:
+        self._metrics[name].append(float(value))
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs:  # a training log: add what was gathered since the previous one
+            logs.update({name: sum(v) / len(v) for name, v in self._metrics.items() if v})
+            self._metrics.clear()
+            if self._agent_grad_norms:
+                logs.update({f"{name}/grad_norm": value for name, value in self._agent_grad_norms.items()})
+            if self.optimizer is not None:
+                for group in self.optimizer.param_groups:
+                    if "/" not in group.get("name", "/"):
+                        logs[f"{group['name']}/learning_rate"] = group["lr"]
+        logs["env_step"] = self.env_step
+        super().log(logs, start_time)
+
+    # ---- saving ----
+    def _save(self, output_dir: str | None = None, state_dict=None) -> None:
+        """`output_dir/agent_i/` per agent (loadable with `from_pretrained`, tokenizer included)."""
+        output_dir = output_dir if output_dir is not None else self.args.output_dir
+        if not self.args.should_save:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        self._container.save_pretrained(output_dir)
+        with open(os.path.join(output_dir, "training_args.json"), "w", encoding="utf-8") as f:
+            f.write(self.args.to_json_string())
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        """The default card reads `model.config`, which the container does not have; cards are per agent."""
+        return None

@@ -1,0 +1,151 @@
+"""`MultiAgentConfig`: `transformers.TrainingArguments` plus the multi-agent fields."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from transformers import TrainingArguments
+
+DEFAULT_AGENT_LEARNING_RATE = 5e-6
+
+
+@dataclass
+class MultiAgentConfig(TrainingArguments):
+    r"""
+    Configuration shared by every comlrl_hf trainer. It *is* a `transformers.TrainingArguments`, so every Trainer
+    option (seed, optimizer, precision, logging, `report_to`, `push_to_hub`, ...) works as usual; the fields
+    below add what N cooperating agents need. It works with no `output_dir` and with `HfArgumentParser`.
+
+    Parameters whose defaults differ from `TrainingArguments`:
+        num_train_epochs (`float`, defaults to `20`): as in the original comlrl.
+        learning_rate (`float` or `None`): alias of `agent_learning_rate`; set at most one of the two.
+        lr_scheduler_type (`str`, defaults to `"constant"`): a schedule that does not depend on the run's length,
+            so a resumed run with more epochs continues exactly. A decaying schedule is recomputed for the new
+            total on resume.
+        per_device_train_batch_size (`int`, defaults to `2`): **prompts** per micro-batch. Each prompt yields
+            `num_generations` joint completions, so a step scores `2 * num_generations` joint actions. (TRL's
+            GRPOConfig counts completions here; we count prompts because each agent generates its own.)
+        per_device_eval_batch_size (`int`, defaults to `8`): prompts per evaluation batch.
+        logging_steps (`float`, defaults to `10`): optimizer steps between logs (metrics carry `env_step`).
+        save_strategy (`str`, defaults to `"no"`): checkpoints are off unless asked for.
+        remove_unused_columns (`bool`, defaults to `False`): reward functions see every dataset column.
+
+    > Agents
+
+        num_agents (`int` or `None`): number of agents; `None` takes it from the trainer (its `num_agents`
+            argument or the length of `agents`), else 2. When set, it must agree with the trainer.
+        agent_learning_rate (`float`, defaults to `5e-6`): AdamW learning rate of every agent's parameter group.
+        critic_learning_rate (`float` or `None`): learning rate of critic parameter groups (`None`: the agent rate).
+
+    > Generation
+
+        num_generations (`int`, defaults to `4`): completions per agent per prompt (the group size K).
+        max_new_tokens (`int`, defaults to `256`), min_new_tokens (`int` or `None`)
+        temperature (`float`, defaults to `0.6`), top_p (`float`, defaults to `0.6`),
+        top_k (`int` or `None`, defaults to `50`; `None` or 0 disables top-k)
+        num_turns (`int`, defaults to `1`): turns per episode.
+        eval_do_sample (`bool`, defaults to `False`): evaluation decodes greedily unless set.
+    """
+
+    # ---- TrainingArguments defaults we change ----
+    num_train_epochs: float = field(default=20.0, metadata={"help": "Total number of training epochs."})
+    learning_rate: float | None = field(
+        default=None, metadata={"help": "Alias of `agent_learning_rate` (set at most one of the two)."}
+    )
+    lr_scheduler_type: str = field(
+        default="constant",
+        metadata={"help": "Learning-rate schedule; 'constant' keeps resumed runs with more epochs exact."},
+    )
+    per_device_train_batch_size: int = field(
+        default=2, metadata={"help": "Prompts per training micro-batch (each yields num_generations joint actions)."}
+    )
+    per_device_eval_batch_size: int = field(default=8, metadata={"help": "Prompts per evaluation batch."})
+    logging_steps: float = field(default=10, metadata={"help": "Optimizer steps between two logs."})
+    save_strategy: str = field(
+        default="no", metadata={"help": "Trainer checkpoint strategy; see also train(checkpoint_dir=...)."}
+    )
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "Keep every dataset column so reward functions can read them."}
+    )
+
+    shuffle_dataset: bool = field(
+        default=True, metadata={"help": "Shuffle the prompts every epoch (seeded by seed + epoch)."}
+    )
+
+    # ---- agents ----
+    num_agents: int | None = field(
+        default=None,
+        metadata={"help": "Number of agents; None takes it from the trainer's agents. Must agree with the trainer."},
+    )
+    agent_learning_rate: float | None = field(
+        default=None, metadata={"help": f"Learning rate of each agent's parameter group (default {DEFAULT_AGENT_LEARNING_RATE})."}
+    )
+    critic_learning_rate: float | None = field(
+        default=None, metadata={"help": "Learning rate of critic parameter groups; None uses agent_learning_rate."}
+    )
+
+    # ---- generation ----
+    num_generations: int = field(default=4, metadata={"help": "Completions per agent per prompt (group size K)."})
+    max_new_tokens: int = field(default=256, metadata={"help": "Maximum new tokens per completion."})
+    min_new_tokens: int | None = field(
+        default=None, metadata={"help": "Minimum new tokens per completion (forces length, e.g. in benchmarks)."}
+    )
+    temperature: float = field(default=0.6, metadata={"help": "Sampling temperature (> 0)."})
+    top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability mass in (0, 1]."})
+    top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
+    num_turns: int = field(default=1, metadata={"help": "Turns per episode (> 1 needs an external_transition)."})
+    eval_do_sample: bool = field(
+        default=False, metadata={"help": "Sample during evaluation (default: greedy decoding)."}
+    )
+
+    def __post_init__(self):
+        # One source of truth for the learning rate: agent_learning_rate, with learning_rate as its alias.
+        if self.learning_rate is not None and self.agent_learning_rate is not None:
+            if self.learning_rate != self.agent_learning_rate:
+                raise ValueError(
+                    f"learning_rate={self.learning_rate} and agent_learning_rate={self.agent_learning_rate} disagree; "
+                    "set only agent_learning_rate."
+                )
+        rate = self.agent_learning_rate if self.agent_learning_rate is not None else self.learning_rate
+        self.agent_learning_rate = self.learning_rate = DEFAULT_AGENT_LEARNING_RATE if rate is None else rate
+        self._validate_multi_agent_fields()
+        super().__post_init__()
+
+    def _validate_multi_agent_fields(self) -> None:
+        def positive_int(name: str, value, minimum: int = 1):
+            if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+                raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+        if self.num_agents is not None:
+            positive_int("num_agents", self.num_agents)
+        positive_int("num_generations", self.num_generations)
+        positive_int("max_new_tokens", self.max_new_tokens)
+        positive_int("num_turns", self.num_turns)
+        if self.min_new_tokens is not None:
+            positive_int("min_new_tokens", self.min_new_tokens, 0)
+            if self.min_new_tokens > self.max_new_tokens:
+                raise ValueError(
+                    f"min_new_tokens={self.min_new_tokens} exceeds max_new_tokens={self.max_new_tokens}"
+                )
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature!r}")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None:
+            positive_int("top_k", self.top_k, 0)
+        for name in ("agent_learning_rate", "critic_learning_rate"):
+            value = getattr(self, name)
+            if value is not None and not (value >= 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if self.per_device_train_batch_size < 1:
+            raise ValueError(f"per_device_train_batch_size must be >= 1, got {self.per_device_train_batch_size}")
+
+    def generation_kwargs(self, *, do_sample: bool = True) -> dict:
+        """Keyword arguments for `model.generate` built from this config."""
+        kwargs = {"max_new_tokens": self.max_new_tokens, "do_sample": do_sample}
+        if self.min_new_tokens:
+            kwargs["min_new_tokens"] = self.min_new_tokens
+        if do_sample:
+            kwargs.update(temperature=float(self.temperature), top_p=float(self.top_p), top_k=self.top_k or 0)
+        return kwargs

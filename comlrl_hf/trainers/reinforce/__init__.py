@@ -1,0 +1,9 @@
+from .config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
+from .magrpo import MAGRPOTrainer, MAREINFORCETrainer, MAReMaxTrainer, MARLOOTrainer
+
+__all__ = [
+    "MAGRPOConfig", "MAGRPOTrainer",
+    "MAREINFORCEConfig", "MAREINFORCETrainer",
+    "MARLOOConfig", "MARLOOTrainer",
+    "MAReMaxConfig", "MAReMaxTrainer",
+]

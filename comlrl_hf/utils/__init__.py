@@ -1,0 +1,1 @@
+"""Utilities below the trainers: model sources, log-probabilities, advantages and losses."""

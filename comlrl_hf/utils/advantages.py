@@ -1,0 +1,50 @@
+r"""Group baselines for joint rewards (pure functions, unit-tested).
+
+For one prompt, the N agents produce K joint actions with joint rewards $R_1..R_K$. Every agent's
+completion $k$ gets the advantage $A_k = (R_k - b_k) / s$ where the baseline $b_k$ is
+
+- ``"mean"`` (MAGRPO):      $b_k = \bar R = \frac1K \sum_j R_j$
+- ``"raw"`` (MAREINFORCE):  $b_k = 0$
+- ``"max"`` (MAReMax):      $b_k = \max_j R_j$  (the best sample of the group stands in for ReMax's greedy rollout)
+- ``"rloo"`` (MARLOO):      $b_k = \frac1{K-1} \sum_{j \ne k} R_j$  (leave one out)
+
+and the scale $s$ is the standard deviation of the rewards of the group (``"group"``), of the whole
+batch (``"batch"``), or 1 (``"none"``). Unlike the original comlrl, the advantages are *not*
+re-centred after the baseline: z-normalising $A$ would make the four baselines identical.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ADVANTAGE_MODES = ("mean", "raw", "max", "rloo")
+SCALE_REWARDS = ("group", "batch", "none")
+
+
+def group_advantages(rewards: torch.Tensor, mode: str = "mean", scale: str = "group", eps: float = 1e-4) -> torch.Tensor:
+    """Advantages for `rewards` of shape [B, K] (B prompts, K joint actions each)."""
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must have shape [prompts, generations], got {tuple(rewards.shape)}")
+    num_generations = rewards.shape[1]
+    if mode == "mean":
+        baseline = rewards.mean(dim=1, keepdim=True)
+    elif mode == "raw":
+        baseline = torch.zeros_like(rewards)
+    elif mode == "max":
+        baseline = rewards.max(dim=1, keepdim=True).values
+    elif mode == "rloo":
+        if num_generations < 2:
+            raise ValueError("the leave-one-out baseline needs num_generations >= 2")
+        baseline = (rewards.sum(dim=1, keepdim=True) - rewards) / (num_generations - 1)
+    else:
+        raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
+    advantages = rewards - baseline
+    if scale == "group":
+        std = rewards.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(baseline)
+        advantages = advantages / (std + eps)
+    elif scale == "batch":
+        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        advantages = advantages / (std + eps)
+    elif scale != "none":
+        raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale!r}")
+    return advantages
