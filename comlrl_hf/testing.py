@@ -14,6 +14,7 @@ heterogeneous code paths real.
 
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 
@@ -51,6 +52,19 @@ ARCHITECTURES = ("llama", "qwen2")
 _DEFAULT_TOKENIZER = {"llama": "unigram", "qwen2": "bpe"}
 
 
+def _unigram_vocab() -> list[tuple[str, float]]:
+    counts: dict[str, int] = {}
+    for text in CORPUS:
+        for word in text.split():
+            for piece in ("\u2581" + word, *word, "\u2581" + word[0]):
+                counts[piece] = counts.get(piece, 0) + 1
+    for char in "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.,:;!?()[]{}+-*/=<>'\"_\u2581":
+        counts.setdefault(char, 1)
+    total = sum(counts.values())
+    scored = sorted(((piece, math.log(n / total)) for piece, n in counts.items()), key=lambda x: (-x[1], x[0]))
+    return [("</s>", 0.0), ("<pad>", 0.0), ("<s>", 0.0), ("<unk>", 0.0)] + scored
+
+
 @lru_cache(maxsize=None)
 def _trained_backend(kind: str) -> str:
     """Train once per process and cache the serialized tokenizer (training is deterministic)."""
@@ -65,16 +79,13 @@ def _trained_backend(kind: str) -> str:
             initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         )
     elif kind == "unigram":
-        tk = Tokenizer(models.Unigram())
+        # tokenizers' UnigramTrainer is not reproducible across processes (hash-map order), so the
+        # vocabulary is built here from corpus counts: words and characters scored by log-frequency.
+        tk = Tokenizer(models.Unigram(_unigram_vocab(), unk_id=3, byte_fallback=False))
         tk.normalizer = normalizers.NFKC()
         tk.pre_tokenizer = pre_tokenizers.Metaspace()
         tk.decoder = decoders.Metaspace()
-        trainer = trainers.UnigramTrainer(
-            vocab_size=300,
-            special_tokens=["</s>", "<pad>", "<s>", "<unk>"],
-            unk_token="<unk>",
-            initial_alphabet=list("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,:;!?()[]{}+-*/=<>'\"\n_"),
-        )
+        return tk.to_str()
     else:
         raise ValueError(f"tokenizer_kind must be one of {TOKENIZER_KINDS}, got {kind!r}")
     tk.train_from_iterator(texts, trainer)
