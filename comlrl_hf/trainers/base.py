@@ -28,7 +28,9 @@ from ..utils.model_sources import (
     resolve_tokenizers,
     validate_model_config,
 )
+from .checkpointing import CheckpointMixin
 from .config import MultiAgentConfig
+from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
 
 def _identity_collate(items: list) -> list:
@@ -65,7 +67,7 @@ class PromptBatchSampler(Sampler[list[int]]):
         return math.ceil(self.num_items / self.batch_size) * self.repeats
 
 
-class MultiAgentTrainer(Trainer):
+class MultiAgentTrainer(CheckpointMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -96,8 +98,7 @@ class MultiAgentTrainer(Trainer):
             raise ValueError(
                 f"{type(self).__name__} needs args of type {self.config_class.__name__}, got {type(args).__name__}"
             )
-        if wandb_config is not None:
-            raise NotImplementedError("wandb_config is not supported yet; use args.report_to=['wandb']")
+        wandb_config = validate_wandb_config(wandb_config)
         count = resolve_count("agents", num_agents, args.num_agents, agents)
         sources = resolve_sources("agents", agent_model, agents, count)
         self.model_config = validate_model_config(model_config)
@@ -119,6 +120,7 @@ class MultiAgentTrainer(Trainer):
         self._agent_grad_norms: list[float] | None = None
         self._rollout_cache: list[Any] = []
         self._micro_step = 0
+        self.wandb_identity: dict | None = None  # {"id", "project", "entity"} once a W&B run is open
         super().__init__(
             model=container,
             args=args,
@@ -129,6 +131,19 @@ class MultiAgentTrainer(Trainer):
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        self._setup_wandb(wandb_config)
+
+    def _setup_wandb(self, wandb_config: dict | None) -> None:
+        """`wandb_config` turns W&B on; `report_to=["wandb"]` alone works too. Either way the run is opened at
+        the first train/log (never here) and metrics are logged against `env_step`."""
+        from transformers.integrations import WandbCallback
+
+        existing = [c for c in self.callback_handler.callbacks if isinstance(c, WandbCallback)]
+        if wandb_config is None and not existing:
+            return
+        for callback in existing:
+            self.remove_callback(callback)
+        self.add_callback(MultiAgentWandbCallback(self, wandb_config))
 
     def _validate_before_loading(self, args: MultiAgentConfig, num_agents: int) -> None:
         """Algorithm checks that need no model; raised before any weights are loaded."""

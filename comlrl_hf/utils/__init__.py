@@ -1,1 +1,5 @@
-"""Utilities below the trainers: model sources, log-probabilities, advantages and losses."""
+"""Utilities below the trainers: checkpoint metadata, model sources, log-probabilities, advantages, losses."""
+
+from .checkpoint import CheckpointError, read_checkpoint_metadata
+
+__all__ = ["CheckpointError", "read_checkpoint_metadata"]

@@ -1,0 +1,286 @@
+"""Epoch checkpoints, exact resume and compatibility checks for `MultiAgentTrainer`.
+
+Trainer already saves and restores the optimizer, scheduler, RNG and `trainer_state.json`, and skips the
+batches a mid-epoch checkpoint had trained. This mixin adds what N agents need: epoch-named folders
+(`checkpoint-K` = K completed epochs; `checkpoint-step-N` for `save_strategy="steps"`), atomic publication,
+`comlrl_state.json` (env_step, run id, W&B identity, buffered metrics, fingerprints, a sha256 manifest),
+in-place loading of every `agent_i/`, stateful user objects, and a refusal, before any state changes, to
+resume a checkpoint that does not belong to this trainer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+import uuid
+from typing import Any
+
+import safetensors.torch
+import torch
+from transformers import TrainerCallback, TrainingArguments
+from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import SaveStrategy
+
+from ..utils.checkpoint import (
+    FORMAT_VERSION,
+    STATE_NAME,
+    CheckpointError,
+    checkpoint_name,
+    file_manifest,
+    latest_checkpoint,
+    list_checkpoints,
+    publish,
+    read_checkpoint_metadata,
+    remove_stale_staging,
+    staging_dir,
+    verify_manifest,
+    write_json,
+)
+
+USER_STATE_NAME = "user_state.pt"
+# TrainingArguments fields that change the math and so must match on resume (multi-agent fields are
+# compared too, all but `RESUMABLE_CHANGES`).
+MATCHED_TRAINING_ARGS = (
+    "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay", "adam_beta1",
+    "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "optim", "seed", "bf16", "fp16",
+)
+# What the spec lets change between the run and its resume: length, devices, logging and evaluation.
+RESUMABLE_CHANGES = {"num_train_epochs", "eval_do_sample", "log_completions", "num_completions_to_print", "agent_devices"}
+
+
+class EpochCheckpointCallback(TrainerCallback):
+    """Asks for a checkpoint at every `interval`-th completed epoch and at the last one."""
+
+    def __init__(self, trainer, interval: int):
+        self.trainer, self.interval = trainer, interval
+
+    def on_epoch_end(self, args, state, control, **kwargs):
+        completed = round(state.epoch)
+        if completed % self.interval == 0 or completed >= math.ceil(args.num_train_epochs) or control.should_training_stop:
+            control.should_save = True
+            self.trainer._pending_epoch_checkpoint = True
+
+
+def _sha(payload: Any) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    return _sha([type(model).__name__, [(n, list(p.shape), str(p.dtype)) for n, p in model.named_parameters()]])
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    return _sha([sorted(tokenizer.get_vocab().items()), tokenizer.special_tokens_map, tokenizer.chat_template])
+
+
+def dataset_fingerprint(dataset) -> dict | None:
+    """Length plus a content hash (all rows up to 10,000, else 1,000 evenly spaced ones)."""
+    if dataset is None:
+        return None
+    n = len(dataset)
+    rows = range(n) if n <= 10_000 else range(0, n, max(1, n // 1000))
+    return {"length": n, "sha256": _sha([dataset[i] for i in rows])}
+
+
+class CheckpointMixin:
+    """Mixed into `MultiAgentTrainer` (see the module docstring)."""
+
+    _checkpoint_dir: str | None = None
+    _checkpoint_total_limit: int | None = None
+    _pending_epoch_checkpoint = False
+
+    # ---- train() with the spec's checkpoint arguments ----
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        trial=None,
+        ignore_keys_for_eval=None,
+        *,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_interval: int | None = None,
+        checkpoint_total_limit: int | None = None,
+    ):
+        """`transformers.Trainer.train`, plus epoch checkpoints: `checkpoint_dir` (default `args.output_dir`),
+        `checkpoint_interval` (epochs, default 1 when `checkpoint_dir` is given) and `checkpoint_total_limit`
+        (newest kept). `resume_from_checkpoint=True` takes the latest complete checkpoint of that folder."""
+        for name, value in (("checkpoint_interval", checkpoint_interval), ("checkpoint_total_limit", checkpoint_total_limit)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else self.args.output_dir
+        self._checkpoint_total_limit = checkpoint_total_limit or self.args.save_total_limit
+        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, EpochCheckpointCallback)]:
+            self.remove_callback(callback)
+        if checkpoint_dir is not None or checkpoint_interval is not None:
+            self.add_callback(EpochCheckpointCallback(self, checkpoint_interval or 1))
+        reuse = self.rollout_reuse_count()
+        if reuse > 1 and self.args.save_strategy == SaveStrategy.STEPS and self.args.save_steps % reuse:
+            raise ValueError(
+                f"save_steps={self.args.save_steps} must be a multiple of num_iterations={reuse}, so that "
+                "checkpoints never fall inside a reused rollout"
+            )
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = latest_checkpoint(self._checkpoint_dir)
+            if resume_from_checkpoint is None:
+                raise CheckpointError(f"resume_from_checkpoint=True but {self._checkpoint_dir} holds no complete checkpoint")
+        elif resume_from_checkpoint is False:
+            resume_from_checkpoint = None
+        if resume_from_checkpoint is not None:
+            resume_from_checkpoint = os.fspath(resume_from_checkpoint)
+            metadata = self._check_resumable(resume_from_checkpoint)
+            self._restore_runtime(metadata)
+        else:
+            self._run_id = getattr(self, "_run_id", None) or uuid.uuid4().hex
+        remove_stale_staging(self._checkpoint_dir)
+        return super().train(
+            resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
+        )
+
+    # ---- what must match ----
+    def stateful_objects(self) -> dict[str, Any]:
+        """User objects whose `state_dict()` / `load_state_dict()` are saved with checkpoints."""
+        candidates = {"train_dataset": self.train_dataset}
+        for i, callback in enumerate(self.callback_handler.callbacks):
+            candidates[f"callbacks.{i}.{type(callback).__name__}"] = callback
+        return {name: obj for name, obj in candidates.items() if _is_stateful(obj)}
+
+    def compatibility_fingerprint(self) -> dict[str, Any]:
+        args = json.loads(self.args.to_json_string())
+        own = [f for f in type(self.args).__dataclass_fields__ if f not in TrainingArguments.__dataclass_fields__]
+        keys = sorted((set(own) | set(MATCHED_TRAINING_ARGS) | {"shuffle_dataset"}) - RESUMABLE_CHANGES)
+        return {
+            "num_agents": self.num_agents,
+            "agents": [model_fingerprint(a) for a in self.agents],
+            "tokenizers": [tokenizer_fingerprint(t) for t in self.tokenizers],
+            "dataset": dataset_fingerprint(self.train_dataset),
+            "config": {k: args.get(k) for k in keys},
+            "stateful": sorted(self.stateful_objects()),
+        }
+
+    def _check_resumable(self, path: str) -> dict[str, Any]:
+        """Everything is checked before anything is restored; the error names what differs."""
+        if not os.path.isdir(path):
+            raise CheckpointError(f"checkpoint {path} does not exist")
+        metadata = read_checkpoint_metadata(path)
+        verify_manifest(path, metadata.get("manifest") or {})
+        expected = f"{type(self).__module__}.{type(self).__qualname__}"
+        if metadata.get("trainer_class") != expected:
+            raise CheckpointError(f"checkpoint {path} was written by {metadata.get('trainer_class')}, not {expected}")
+        saved, current = metadata.get("fingerprint", {}), self.compatibility_fingerprint()
+        differences = []
+        for key in ("num_agents", "agents", "tokenizers", "dataset", "stateful"):
+            if saved.get(key) != current[key]:
+                differences.append(f"{key}: checkpoint {_short(saved.get(key))}, now {_short(current[key])}")
+        for key in sorted(set(saved.get("config", {})) | set(current["config"])):
+            old, new = saved.get("config", {}).get(key), current["config"].get(key)
+            if old != new:
+                differences.append(f"config {key}: checkpoint {old!r}, now {new!r}")
+        if differences:
+            raise CheckpointError(f"cannot resume from {path}; it differs from this trainer in " + "; ".join(differences))
+        return metadata
+
+    def _restore_runtime(self, metadata: dict[str, Any]) -> None:
+        self.env_step = int(metadata["env_step"])
+        self._micro_step = int(metadata.get("micro_step", 0))
+        self._run_id = metadata.get("run_id") or uuid.uuid4().hex
+        self.wandb_identity = metadata.get("wandb") or getattr(self, "wandb_identity", None)
+        self._metrics.clear()
+        for name, values in (metadata.get("metrics") or {}).items():
+            self._metrics[name] = list(values)
+
+    # ---- saving ----
+    def _save_checkpoint(self, model, trial) -> None:
+        kind = "epoch" if self._pending_epoch_checkpoint else "step"
+        self._pending_epoch_checkpoint = False
+        count = round(self.state.epoch) if kind == "epoch" else self.state.global_step
+        if self.hp_search_backend is None and trial is None:
+            self.store_flos()
+        if not self.args.should_save:
+            return
+        parent = self._checkpoint_dir or self.args.output_dir
+        name = checkpoint_name(kind, count)
+        staging = staging_dir(parent, name)
+        self.save_model(staging, _internal_call=True)
+        if not self.args.save_only_model:
+            self._save_optimizer_and_scheduler(staging)
+            self._save_scaler(staging)
+            self._save_rng_state(staging)
+        for callback in self.callback_handler.callbacks + [self.control]:
+            if isinstance(callback, ExportableState):
+                state = callback.state()
+                slot = self.state.stateful_callbacks.get(type(callback).__name__)
+                if isinstance(slot, list):
+                    slot.append(state)
+                else:
+                    self.state.stateful_callbacks[type(callback).__name__] = state
+        self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+        user_states = {name: obj.state_dict() for name, obj in self.stateful_objects().items()}
+        if user_states:
+            torch.save(user_states, os.path.join(staging, USER_STATE_NAME))
+        write_json(os.path.join(staging, STATE_NAME), {
+            "format_version": FORMAT_VERSION,
+            "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
+            "kind": kind,
+            "boundary": count if kind == "epoch" else int(self.state.epoch),
+            "global_step": self.state.global_step,
+            "epoch": self.state.epoch,
+            "env_step": self.env_step,
+            "micro_step": self._micro_step,
+            "run_id": getattr(self, "_run_id", None),
+            "wandb": getattr(self, "wandb_identity", None),
+            "metrics": {k: list(v) for k, v in self._metrics.items()},
+            "fingerprint": self.compatibility_fingerprint(),
+            "manifest": file_manifest(staging),
+        })
+        publish(staging, os.path.join(parent, name))
+        limit = self._checkpoint_total_limit
+        if limit:
+            for old in list_checkpoints(parent)[:-limit]:
+                shutil.rmtree(old, ignore_errors=True)
+
+    # ---- loading ----
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """Load every `agent_i/` into the live agents in place (before the optimizer exists), then the
+        user objects' state."""
+        for i, agent in enumerate(self.agents):
+            folder = os.path.join(resume_from_checkpoint, f"agent_{i}")
+            state = _load_safetensors_folder(folder)
+            required = set(dict(agent.named_parameters()))  # tied aliases are not listed twice
+            missing, unexpected = required - state.keys(), state.keys() - set(agent.state_dict())
+            if missing or unexpected:
+                raise CheckpointError(
+                    f"{folder} does not fit agent {i}: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
+                )
+            agent.load_state_dict(state, strict=False)
+        user_file = os.path.join(resume_from_checkpoint, USER_STATE_NAME)
+        if os.path.isfile(user_file):
+            states = torch.load(user_file, map_location="cpu", weights_only=True)
+            for name, obj in self.stateful_objects().items():
+                obj.load_state_dict(states[name])
+
+
+def _is_stateful(obj) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _load_safetensors_folder(folder: str) -> dict[str, torch.Tensor]:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise CheckpointError(f"{path} is missing")
+        state.update(safetensors.torch.load_file(path))
+    return state
