@@ -176,3 +176,33 @@ def test_stateful_dataset_and_callback_are_restored(dirs):
     stateful = metadata["fingerprint"]["stateful"]
     assert "train_dataset" in stateful and any(name.endswith(".CountingCallback") for name in stateful)
     assert json.load(open("ck/checkpoint-1/trainer_state.json"))["global_step"] == 2
+
+
+class StatefulReward:
+    """A reward with state (e.g. a running normaliser): saved and restored with checkpoints."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, completions1, completions2):
+        self.calls += 1
+        return length_ratio_reward(completions1, completions2)
+
+    def state_dict(self):
+        return {"calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.calls = state["calls"]
+
+
+def test_stateful_reward_function_is_restored(dirs):
+    reward = StatefulReward()
+    MAGRPOTrainer(agents=dirs, reward_func=reward, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                  args=MAGRPOConfig(output_dir="out", num_train_epochs=1, max_new_tokens=4, report_to=[])
+                  ).train(checkpoint_dir="ck")
+    fresh = StatefulReward()
+    resumed = MAGRPOTrainer(agents=dirs, reward_func=fresh, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                            args=MAGRPOConfig(output_dir="out", num_train_epochs=2, max_new_tokens=4, report_to=[]))
+    resumed.train(resume_from_checkpoint="ck/checkpoint-1")
+    assert reward.calls == 2 and fresh.calls == 4
+    assert "reward_func" in read_checkpoint_metadata("ck/checkpoint-1")["fingerprint"]["stateful"]

@@ -142,8 +142,16 @@ class CheckpointMixin:
     def stateful_objects(self) -> dict[str, Any]:
         """User objects whose `state_dict()` / `load_state_dict()` are saved with checkpoints."""
         candidates = {"train_dataset": self.train_dataset}
-        for i, callback in enumerate(self.callback_handler.callbacks):
-            candidates[f"callbacks.{i}.{type(callback).__name__}"] = callback
+        for name, obj in getattr(self, "_user_callables", {}).items():  # reward_func, formatters, ...
+            if isinstance(obj, (list, tuple)):
+                candidates.update({f"{name}.{i}": item for i, item in enumerate(obj)})
+            else:
+                candidates[name] = obj
+        seen: dict[str, int] = {}
+        for callback in self.callback_handler.callbacks:  # named by class, not position: positions shift
+            name = type(callback).__name__
+            seen[name] = seen.get(name, 0) + 1
+            candidates[f"callbacks.{name}" + (f".{seen[name]}" if seen[name] > 1 else "")] = callback
         return {name: obj for name, obj in candidates.items() if _is_stateful(obj)}
 
     def compatibility_fingerprint(self) -> dict[str, Any]:
