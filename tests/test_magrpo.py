@@ -241,3 +241,12 @@ def test_tiny_agents_learn_a_learnable_reward(llama_dir, qwen_dir):
     assert len(rewards) == 32
     first, last = sum(rewards[:8]) / 8, sum(rewards[-8:]) / 8
     assert last > first + 0.1, (first, last, rewards)
+
+
+def test_log_completions_prints_a_sample_table(llama_dir, qwen_dir, dataset, capsys):
+    trainer = MAGRPOTrainer(agents=[llama_dir, qwen_dir], reward_func=length_ratio_reward, train_dataset=dataset,
+                            args=_config(log_completions=True, num_completions_to_print=2))
+    trainer.train()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
+    assert len(lines) == 2 * 2  # two rows at each of the two logs
+    assert all("prompt:" in line and "agent_0:" in line and "agent_1:" in line and "reward:" in line for line in lines)
