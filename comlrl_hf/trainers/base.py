@@ -99,6 +99,11 @@ class MultiAgentTrainer(CheckpointMixin, Trainer):
                 f"{type(self).__name__} needs args of type {self.config_class.__name__}, got {type(args).__name__}"
             )
         wandb_config = validate_wandb_config(wandb_config)
+        if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
+            raise ValueError(
+                f"{args.n_gpu} GPUs are visible to one process (nn.DataParallel), which comlrl_hf does not support; "
+                "launch one process per GPU with `accelerate launch`/`torchrun`, or set CUDA_VISIBLE_DEVICES"
+            )
         count = resolve_count("agents", num_agents, args.num_agents, agents)
         sources = resolve_sources("agents", agent_model, agents, count)
         self.model_config = validate_model_config(model_config)
