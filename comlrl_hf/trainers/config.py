@@ -44,7 +44,12 @@ class MultiAgentConfig(TrainingArguments):
         max_new_tokens (`int`, defaults to `256`), min_new_tokens (`int` or `None`)
         temperature (`float`, defaults to `0.6`), top_p (`float`, defaults to `0.6`),
         top_k (`int` or `None`, defaults to `50`; `None` or 0 disables top-k)
-        num_turns (`int`, defaults to `1`): turns per episode.
+        num_turns (`int`, defaults to `1`): turns per episode (> 1 needs an `external_transition`).
+        joint_mode (`str`, defaults to `"aligned"`): `"aligned"` (K joint actions per node) or `"cross"` (K^N).
+        discount (`float`, defaults to `1.0`): weight of later turns in the returns.
+        early_termination_threshold (`float` or `None`): a node whose mean reward exceeds it gets no next turn.
+        external_prompt_passthrough (`bool`): use the transition's prompts verbatim, bypassing formatters.
+        max_tree_nodes (`int`, defaults to `256`): cap on nodes per prompt (K^t per turn aligned, K^(N t) cross).
         eval_do_sample (`bool`, defaults to `False`): evaluation decodes greedily unless set.
     """
 
@@ -95,6 +100,20 @@ class MultiAgentConfig(TrainingArguments):
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability mass in (0, 1]."})
     top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
     num_turns: int = field(default=1, metadata={"help": "Turns per episode (> 1 needs an external_transition)."})
+    joint_mode: str = field(
+        default="aligned",
+        metadata={"help": "Joint actions per node: 'aligned' (sample k of every agent) or 'cross' (every combination)."},
+    )
+    discount: float = field(default=1.0, metadata={"help": "Discount of later turns' returns, in [0, 1]."})
+    early_termination_threshold: float | None = field(
+        default=None, metadata={"help": "Stop expanding a node whose mean reward exceeds this (None: never)."}
+    )
+    external_prompt_passthrough: bool = field(
+        default=False, metadata={"help": "Use the transition's prompts verbatim instead of formatting them."}
+    )
+    max_tree_nodes: int = field(
+        default=256, metadata={"help": "Refuse settings whose rollout tree has more nodes per prompt than this."}
+    )
     eval_do_sample: bool = field(
         default=False, metadata={"help": "Sample during evaluation (default: greedy decoding)."}
     )
@@ -134,12 +153,30 @@ class MultiAgentConfig(TrainingArguments):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None:
             positive_int("top_k", self.top_k, 0)
+        if self.joint_mode not in ("aligned", "cross"):
+            raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
+        if not (isinstance(self.discount, (int, float)) and 0 <= self.discount <= 1):
+            raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
+        positive_int("max_tree_nodes", self.max_tree_nodes)
+        if self.num_agents is not None:  # else checked by the trainer once it knows the agent count
+            self.check_tree_size(self.num_agents)
         for name in ("agent_learning_rate", "critic_learning_rate"):
             value = getattr(self, name)
             if value is not None and not (value >= 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.per_device_train_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size must be >= 1, got {self.per_device_train_batch_size}")
+
+    def check_tree_size(self, num_agents: int) -> None:
+        from ..rollout.multiturn import tree_nodes_per_prompt
+
+        nodes = tree_nodes_per_prompt(self.num_generations, num_agents, self.num_turns, self.joint_mode)
+        if nodes > self.max_tree_nodes:
+            raise ValueError(
+                f"a {self.joint_mode} rollout tree with num_generations={self.num_generations}, "
+                f"num_agents={num_agents} and num_turns={self.num_turns} has {nodes} nodes per prompt, "
+                f"more than max_tree_nodes={self.max_tree_nodes}"
+            )
 
     def generation_kwargs(self, *, do_sample: bool = True) -> dict:
         """Keyword arguments for `model.generate` built from this config."""

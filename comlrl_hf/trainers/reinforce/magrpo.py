@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ...rollout.generation import AgentRollout, generate_completions
+from ...rollout.multiturn import TransitionCaller, TurnRollout, credit_to_agents, discounted_returns, joint_actions, roll_out_tree
 from ...rollout.rewards import JointRewardCaller
 from ...utils.advantages import group_advantages
 from ...utils.logprobs import completion_logps
@@ -22,10 +23,7 @@ from .config import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConfig
 
 @dataclass
 class JointRollout:
-    agents: list[AgentRollout]  # one per agent, rows aligned: row j of every agent is joint action j
-    rewards: torch.Tensor  # [B * K] joint rewards
-    advantages: torch.Tensor  # [B * K], shared by all agents
-    prompts: list[Any]  # the dataset prompt of each row
+    turns: list[TurnRollout]  # turn t: every node of the batch's trees at depth t
 
 
 def build_formatters(formatters, num_agents: int) -> list[Callable]:
@@ -123,10 +121,12 @@ class MAGRPOTrainer(MultiAgentTrainer):
         c = self._user_callables
         self.reward_caller = JointRewardCaller(c["reward_func"], num_agents, c["reward_processor"])
         self.formatters = build_formatters(c["formatters"], num_agents)
+        self.transition_caller = None
         if args.num_turns > 1:
             if c["external_transition"] is None:
                 raise ValueError(f"num_turns={args.num_turns} needs an external_transition (multi-turn episodes)")
-            raise NotImplementedError("multi-turn MAGRPO (num_turns > 1) is not implemented yet")
+            self.transition_caller = TransitionCaller(c["external_transition"], num_agents)
+        args.check_tree_size(num_agents)
         for name in ("eval_logger", "eval_aggregator", "external_transition"):
             if c[name] is not None and not callable(c[name]):
                 raise ValueError(f"{name} must be callable, got {type(c[name]).__name__}")
@@ -142,42 +142,65 @@ class MAGRPOTrainer(MultiAgentTrainer):
         return self.args.num_iterations
 
     # ---- rollout: generate, score, advantages ----
-    def _generate(self, batch: list[dict], num_generations: int, do_sample: bool) -> list[AgentRollout]:
-        kwargs = self.args.generation_kwargs(do_sample=do_sample)
-        return [
-            generate_completions(agent, tok, [fmt(item) for item in batch], num_generations, kwargs)
-            for agent, tok, fmt in zip(self.agents, self.tokenizers, self.formatters)
-        ]
-
-    def _score(self, batch: list[dict], rollouts: list[AgentRollout], num_generations: int) -> tuple[list, list[float]]:
-        items = [item for item in batch for _ in range(num_generations)]
-        prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]
-        rewards = self.reward_caller(
-            [r.completions for r in rollouts], prompts=prompts, batch_items=items, step=self.state.global_step
+    def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
+        return generate_completions(
+            self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
+            self.args.generation_kwargs(do_sample=do_sample),
         )
-        return prompts, rewards
+
+    def _score(self, completions: list[list[str]], items: list) -> list[float]:
+        prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]
+        return self.reward_caller(completions, prompts=prompts, batch_items=items, step=self.state.global_step)
+
+    def _roll_out(self, batch: list[dict], num_generations: int, joint_mode: str, threshold, do_sample: bool):
+        return roll_out_tree(
+            batch,
+            generate=lambda i, prompts, k: self._generate_for(i, prompts, k, do_sample),
+            formatters=self.formatters, score=self._score, transition=self.transition_caller,
+            num_generations=num_generations, num_turns=self.args.num_turns, joint_mode=joint_mode,
+            early_termination_threshold=threshold, external_prompt_passthrough=self.args.external_prompt_passthrough,
+        )
 
     def rollout(self, batch: list[dict]) -> JointRollout:
-        K = self.args.num_generations
-        rollouts = self._generate(batch, K, do_sample=True)
-        prompts, rewards = self._score(batch, rollouts, K)
-        R = torch.tensor(rewards, dtype=torch.float32, device=self.args.device)
-        A = group_advantages(R.view(len(batch), K), self.args.advantage_mode, self.args.scale_rewards).view(-1)
-        self.env_step += R.numel()
-        with torch.no_grad():
-            for i, r in enumerate(rollouts):
-                if self.args.num_iterations > 1:  # the sampling policy's log-probs, for the clipped ratio
-                    r.old_logps, _ = completion_logps(self._agent_forward(i), *self._tensors(r), temperature=self.args.temperature)
-                if self.ref_agents is not None:
-                    r.ref_logps, _ = completion_logps(self.ref_agents[i], *self._tensors(r), temperature=self.args.temperature)
-                self.record_metric(f"agent_{i}/completion_length", r.completion_lengths.float().mean())
-        self.record_metric("reward", R.mean())
-        self.record_metric("reward_std", R.std() if R.numel() > 1 else 0.0)
-        self._last_samples = [
-            {"step": self.state.global_step, "prompt": p, "reward": rw, **{f"agent_{i}": r.completions[j] for i, r in enumerate(rollouts)}}
-            for j, (p, rw) in enumerate(zip(prompts, rewards))
-        ]
-        return JointRollout(rollouts, R, A, prompts)
+        """Grow each prompt's tree, then give every node's K completions per agent their group advantages."""
+        args, K = self.args, self.args.num_generations
+        turns = self._roll_out(batch, K, args.joint_mode, args.early_termination_threshold, do_sample=True)
+        returns = discounted_returns([t.rewards for t in turns], [t.children for t in turns], args.discount)
+        actions = joint_actions(K, self.num_agents, args.joint_mode)
+        for t, (turn, G) in enumerate(zip(turns, returns)):
+            self.env_step += turn.rewards.numel()
+            credit = torch.stack([credit_to_agents(g, actions, K) for g in G])  # [nodes, N, K]
+            turn.advantages = [
+                group_advantages(credit[:, i], args.advantage_mode, args.scale_rewards).reshape(-1).to(args.device)
+                for i in range(self.num_agents)
+            ]
+            if args.num_turns > 1:
+                self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
+                self.record_metric(f"turn_{t + 1}/expected_return", G.mean())
+            with torch.no_grad():
+                for i, r in enumerate(turn.agents):
+                    if args.num_iterations > 1:  # the sampling policy's log-probs, for the clipped ratio
+                        r.old_logps, _ = completion_logps(self._agent_forward(i), *self._tensors(r), temperature=args.temperature)
+                    if self.ref_agents is not None:
+                        r.ref_logps, _ = completion_logps(self.ref_agents[i], *self._tensors(r), temperature=args.temperature)
+        first = turns[0].rewards
+        self.record_metric("reward", first.mean())
+        self.record_metric("reward_std", first.std() if first.numel() > 1 else 0.0)
+        for i in range(self.num_agents):
+            lengths = torch.cat([turn.agents[i].completion_lengths.float() for turn in turns])
+            self.record_metric(f"agent_{i}/completion_length", lengths.mean())
+        self._last_samples = self._sample_rows(turns[0], actions)
+        return JointRollout(turns)
+
+    def _sample_rows(self, turn: TurnRollout, actions) -> list[dict]:
+        K, rows = self.args.num_generations, []
+        for j, item in enumerate(turn.items):
+            node, a = divmod(j, len(actions))
+            row = {"step": self.state.global_step, "prompt": item.get("prompt") if isinstance(item, dict) else item}
+            row.update({f"agent_{i}": r.completions[node * K + actions[a][i]] for i, r in enumerate(turn.agents)})
+            row["reward"] = turn.rewards[node, a].item()
+            rows.append(row)
+        return rows
 
     # ---- loss ----
     def _agent_forward(self, agent_index: int):
@@ -188,21 +211,32 @@ class MAGRPOTrainer(MultiAgentTrainer):
         return r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
 
     def agent_loss(self, agent_index: int, inputs: JointRollout) -> torch.Tensor:
-        r = inputs.agents[agent_index]
-        logps, entropy = completion_logps(
-            self._agent_forward(agent_index), *self._tensors(r), temperature=self.args.temperature, with_entropy=True
-        )
-        old_logps = r.old_logps if r.old_logps is not None else logps.detach()
-        loss, stats = policy_loss(
-            logps, old_logps, inputs.advantages, r.completion_mask,
-            epsilon_low=self.args.epsilon, epsilon_high=self.args.epsilon_high, loss_type=self.args.loss_type,
-            ref_logps=r.ref_logps, beta=self.args.beta, max_completion_length=self.args.max_new_tokens,
-        )
+        """The clipped policy-gradient loss over every turn's rows, each turn weighted by its share of the
+        rows (tokens for `loss_type="dapo"`), so one turn of many nodes counts as much as it holds."""
+        args = self.args
+        losses, weights, diagnostics = [], [], {}
+        for turn in inputs.turns:
+            r = turn.agents[agent_index]
+            logps, entropy = completion_logps(
+                self._agent_forward(agent_index), *self._tensors(r), temperature=args.temperature, with_entropy=True
+            )
+            old_logps = r.old_logps if r.old_logps is not None else logps.detach()
+            loss, stats = policy_loss(
+                logps, old_logps, turn.advantages[agent_index], r.completion_mask,
+                epsilon_low=args.epsilon, epsilon_high=args.epsilon_high, loss_type=args.loss_type,
+                ref_logps=r.ref_logps, beta=args.beta, max_completion_length=args.max_new_tokens,
+            )
+            losses.append(loss)
+            weights.append(float(r.completion_mask.sum()) if args.loss_type == "dapo" else float(r.completion_ids.shape[0]))
+            stats["entropy"] = masked_mean(entropy, r.completion_mask)
+            for name, value in stats.items():
+                diagnostics.setdefault(name, []).append(value)
+        total = sum(weights)
+        loss = sum(w / total * l for w, l in zip(weights, losses))
         prefix = f"agent_{agent_index}"
         self.record_metric(f"{prefix}/loss", loss.detach())
-        self.record_metric(f"{prefix}/entropy", masked_mean(entropy, r.completion_mask))
-        for name, value in stats.items():
-            self.record_metric(f"{prefix}/{name}", value)
+        for name, values in diagnostics.items():
+            self.record_metric(f"{prefix}/{name}", sum(w / total * v for w, v in zip(weights, values)))
         return loss
 
     # ---- logging and evaluation ----
@@ -230,22 +264,31 @@ class MAGRPOTrainer(MultiAgentTrainer):
         if dataset is None:
             raise ValueError("evaluate() needs an eval_dataset (constructor or argument)")
         items = [dataset[i] for i in range(len(dataset))]
-        size = self.args.per_device_eval_batch_size
-        rewards, completions, prompts = [], [[] for _ in range(self.num_agents)], []
+        size, T = self.args.per_device_eval_batch_size, self.args.num_turns
+        completions = [[[] for _ in items] for _ in range(self.num_agents)]  # [agent][item][turn]
+        rewards = [[] for _ in range(T)]  # per turn, one per item (items whose episode ended are absent)
         for start in range(0, len(items), size):
             batch = items[start : start + size]
-            rollouts = self._generate(batch, 1, do_sample=self.args.eval_do_sample)
-            batch_prompts, batch_rewards = self._score(batch, rollouts, 1)
-            rewards += batch_rewards
-            prompts += batch_prompts
-            for i, r in enumerate(rollouts):
-                completions[i] += r.completions
-        R = torch.tensor(rewards)
-        metrics = {f"{metric_key_prefix}_reward": R.mean().item(), f"{metric_key_prefix}_reward_std": R.std().item() if len(R) > 1 else 0.0}
+            turns = self._roll_out(batch, 1, "aligned", None, do_sample=self.args.eval_do_sample)
+            for t, turn in enumerate(turns):  # one completion per agent: each node is one item's single path
+                rewards[t] += turn.rewards.view(-1).tolist()
+                for i, r in enumerate(turn.agents):
+                    for n, text in enumerate(r.completions):
+                        completions[i][start + n].append(text)
+        first = torch.tensor(rewards[0])
+        metrics = {
+            f"{metric_key_prefix}_reward": first.mean().item(),
+            f"{metric_key_prefix}_reward_std": first.std().item() if len(first) > 1 else 0.0,
+        }
+        if T > 1:
+            for t in range(T):
+                to_go = sum(self.args.discount ** (u - t) * torch.tensor(rewards[u]).mean().item() for u in range(t, T))
+                metrics[f"{metric_key_prefix}_turn_{t + 1}/reward_mean"] = torch.tensor(rewards[t]).mean().item()
+                metrics[f"{metric_key_prefix}_turn_{t + 1}/expected_return"] = to_go
         if self.eval_logger is not None and self.eval_aggregator is not None:
-            turns = [[[c] for c in agent] for agent in completions]  # [agent][item][turn]
-            logged = self.eval_logger(agent_completions_turns=turns, batch_items=items, prompts=prompts)
-            for key, value in self.eval_aggregator(logged, num_turns=self.args.num_turns).items():
+            prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]
+            logged = self.eval_logger(agent_completions_turns=completions, batch_items=items, prompts=prompts)
+            for key, value in self.eval_aggregator(logged, num_turns=T).items():
                 metrics[f"{metric_key_prefix}_{key}"] = float(value)
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
