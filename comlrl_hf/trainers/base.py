@@ -29,6 +29,7 @@ from ..utils.model_sources import (
     validate_model_config,
 )
 from .checkpointing import CheckpointMixin
+from .episodes import EpisodeMixin
 from .config import MultiAgentConfig
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
@@ -67,7 +68,7 @@ class PromptBatchSampler(Sampler[list[int]]):
         return math.ceil(self.num_items / self.batch_size) * self.repeats
 
 
-class MultiAgentTrainer(CheckpointMixin, Trainer):
+class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -85,13 +86,23 @@ class MultiAgentTrainer(CheckpointMixin, Trainer):
         num_agents: int | None = None,
         tokenizer: PreTrainedTokenizerBase | Sequence[PreTrainedTokenizerBase] | None = None,
         model_config: dict | None = None,
-        args: MultiAgentConfig | None = None,
         train_dataset=None,
         eval_dataset=None,
+        reward_func: Callable | None = None,
+        reward_processor: Callable | None = None,
+        formatters=None,
+        external_transition: Callable | None = None,
+        wandb_config: dict | None = None,
+        eval_logger: Callable | None = None,
+        eval_aggregator: Callable | None = None,
+        args: MultiAgentConfig | None = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
-        wandb_config: dict | None = None,
     ):
+        self._user_callables = dict(
+            reward_func=reward_func, reward_processor=reward_processor, formatters=formatters,
+            external_transition=external_transition, eval_logger=eval_logger, eval_aggregator=eval_aggregator,
+        )
         if args is None:
             args = self.config_class(output_dir=f"{self.algorithm_name}-output")
         elif not isinstance(args, self.config_class):
@@ -110,6 +121,7 @@ class MultiAgentTrainer(CheckpointMixin, Trainer):
         tokenizers = resolve_tokenizers(
             tokenizer, sources, explicit_required_for_list=self.explicit_tokenizer_for_agent_list, listed=agents is not None
         )
+        self._setup_episodes(args, count)
         self._validate_before_loading(args, count)
         models = [load_causal_lm(src, self.model_config) for src in sources]
         seen: set[int] = set()
@@ -137,6 +149,9 @@ class MultiAgentTrainer(CheckpointMixin, Trainer):
             optimizers=optimizers,
         )
         self._setup_wandb(wandb_config)
+        # A frozen copy of each initial agent, only when the KL term is on.
+        self.ref_agents = [self._frozen_copy(a) for a in self.agents] if self.args.beta > 0 else None
+        self._last_samples: list[dict] = []
 
     def _setup_wandb(self, wandb_config: dict | None) -> None:
         """`wandb_config` turns W&B on; `report_to=["wandb"]` alone works too. Either way the run is opened at
@@ -171,10 +186,6 @@ class MultiAgentTrainer(CheckpointMixin, Trainer):
         return self.accelerator.unwrap_model(self.model) if hasattr(self, "accelerator") else self.model
 
     # ---- data ----
-    def rollout_reuse_count(self) -> int:
-        """How many optimizer passes one rollout feeds (1: on-policy)."""
-        return 1
-
     def get_train_dataloader(self) -> DataLoader:
         if self.train_dataset is None:
             raise ValueError(f"{type(self).__name__}.train() needs a train_dataset")

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from ..utils.losses import LOSS_TYPES
+
 DEFAULT_AGENT_LEARNING_RATE = 5e-6
 
 
@@ -51,6 +53,22 @@ class MultiAgentConfig(TrainingArguments):
         external_prompt_passthrough (`bool`): use the transition's prompts verbatim, bypassing formatters.
         max_tree_nodes (`int`, defaults to `256`): cap on nodes per prompt (K^t per turn aligned, K^(N t) cross).
         eval_do_sample (`bool`, defaults to `False`): evaluation decodes greedily unless set.
+
+    > Loss (see `comlrl_hf.utils.losses`)
+
+        loss_type (`str`, defaults to `"grpo"`): `"grpo"` (per-sequence token mean), `"dapo"` (token mean over
+            the micro-batch) or `"dr_grpo"` (token sum / (sequences x max_new_tokens)).
+        num_iterations (`int`, defaults to `1`): optimizer passes per rollout batch; above 1 the ratio to the
+            sampling policy is clipped to [1 - epsilon, 1 + epsilon_high].
+        epsilon (`float`, defaults to `0.2`), epsilon_high (`float` or `None`: same as epsilon)
+        beta (`float`, defaults to `0.0`): weight of the k3 KL to a frozen copy of each initial agent (0: no
+            reference model is kept).
+
+    > Logging
+
+        log_completions (`bool`, defaults to `False`): log a table of prompts and each agent's completion at
+            every log (printed, and to W&B when it reports there).
+        num_completions_to_print (`int`, defaults to `4`): rows of that table.
     """
 
     # ---- TrainingArguments defaults we change ----
@@ -118,6 +136,16 @@ class MultiAgentConfig(TrainingArguments):
         default=False, metadata={"help": "Sample during evaluation (default: greedy decoding)."}
     )
 
+    loss_type: str = field(
+        default="grpo", metadata={"help": f"Loss normalisation, one of {LOSS_TYPES}.", "choices": list(LOSS_TYPES)}
+    )
+    num_iterations: int = field(default=1, metadata={"help": "Optimizer passes per rollout batch (mu)."})
+    epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the policy ratio."})
+    epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
+    beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy (0 keeps no reference)."})
+    log_completions: bool = field(default=False, metadata={"help": "Log a table of sampled completions."})
+    num_completions_to_print: int = field(default=4, metadata={"help": "Rows of the completions table."})
+
     def __post_init__(self):
         # One source of truth for the learning rate: agent_learning_rate, with learning_rate as its alias.
         if self.learning_rate is not None and self.agent_learning_rate is not None:
@@ -153,6 +181,14 @@ class MultiAgentConfig(TrainingArguments):
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None:
             positive_int("top_k", self.top_k, 0)
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if not isinstance(self.num_iterations, int) or self.num_iterations < 1:
+            raise ValueError(f"num_iterations must be an integer >= 1, got {self.num_iterations!r}")
+        if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
+            raise ValueError(f"epsilon and epsilon_high must be > 0, got {self.epsilon!r} and {self.epsilon_high!r}")
+        if not self.beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
         if self.joint_mode not in ("aligned", "cross"):
             raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {self.joint_mode!r}")
         if not (isinstance(self.discount, (int, float)) and 0 <= self.discount <= 1):

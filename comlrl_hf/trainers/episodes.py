@@ -1,0 +1,204 @@
+"""Episodes shared by every trainer: formatting, batched generation, joint rewards, transitions, the
+clipped policy loss over turns, the sample table and evaluation. Algorithms only add their advantages
+(and critics)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import torch
+
+from ..rollout.generation import AgentRollout, generate_completions
+from ..rollout.multiturn import TransitionCaller, TurnRollout, roll_out_tree
+from ..rollout.rewards import JointRewardCaller
+from ..utils.logprobs import completion_logps
+from ..utils.losses import masked_mean, policy_loss
+
+
+def build_formatters(formatters, num_agents: int) -> list[Callable]:
+    """None -> `item["prompt"]`; one callable -> every agent; a list -> one per agent."""
+    if formatters is None:
+        return [_default_formatter] * num_agents
+    if callable(formatters):
+        return [formatters] * num_agents
+    if isinstance(formatters, Sequence) and not isinstance(formatters, str):
+        if len(formatters) != num_agents:
+            raise ValueError(f"formatters has {len(formatters)} entries but there are {num_agents} agents")
+        for i, f in enumerate(formatters):
+            if not callable(f):
+                raise ValueError(f"formatters[{i}] must be callable, got {type(f).__name__}")
+        return list(formatters)
+    raise ValueError(f"formatters must be a callable or a list of {num_agents} callables, got {type(formatters).__name__}")
+
+
+def _default_formatter(item: dict) -> Any:
+    if not isinstance(item, dict) or "prompt" not in item:
+        raise ValueError(f"dataset items need a 'prompt' field (or pass formatters=), got {item!r:.120}")
+    return item["prompt"]
+
+
+class EpisodeMixin:
+    """Mixed into `MultiAgentTrainer`; expects `self._user_callables` (reward_func, reward_processor,
+    formatters, external_transition, eval_logger, eval_aggregator)."""
+
+    def _setup_episodes(self, args, num_agents: int) -> None:
+        """Check and wrap the user's callables (before any model is loaded)."""
+        c = self._user_callables
+        self.reward_caller = JointRewardCaller(c["reward_func"], num_agents, c["reward_processor"])
+        self.formatters = build_formatters(c["formatters"], num_agents)
+        self.transition_caller = None
+        if args.num_turns > 1:
+            if c["external_transition"] is None:
+                raise ValueError(f"num_turns={args.num_turns} needs an external_transition (multi-turn episodes)")
+            self.transition_caller = TransitionCaller(c["external_transition"], num_agents)
+        args.check_tree_size(num_agents)
+        for name in ("eval_logger", "eval_aggregator", "external_transition"):
+            if c[name] is not None and not callable(c[name]):
+                raise ValueError(f"{name} must be callable, got {type(c[name]).__name__}")
+        self.eval_logger, self.eval_aggregator = c["eval_logger"], c["eval_aggregator"]
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        ref = copy.deepcopy(model).eval()
+        ref.requires_grad_(False)
+        return ref
+
+
+    def rollout_reuse_count(self) -> int:
+        return self.args.num_iterations
+
+    # ---- generation and scoring ----
+    def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
+        return generate_completions(
+            self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
+            self.args.generation_kwargs(do_sample=do_sample),
+        )
+
+    def _score(self, completions: list[list[str]], items: list) -> list[float]:
+        prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]
+        return self.reward_caller(completions, prompts=prompts, batch_items=items, step=self.state.global_step)
+
+    def _roll_out(self, batch: list[dict], num_generations: int, joint_mode: str, threshold, do_sample: bool):
+        return roll_out_tree(
+            batch,
+            generate=lambda i, prompts, k: self._generate_for(i, prompts, k, do_sample),
+            formatters=self.formatters, score=self._score, transition=self.transition_caller,
+            num_generations=num_generations, num_turns=self.args.num_turns, joint_mode=joint_mode,
+            early_termination_threshold=threshold, external_prompt_passthrough=self.args.external_prompt_passthrough,
+        )
+
+
+    def attach_sampling_logps(self, turns: list[TurnRollout]) -> None:
+        """Log-probs of the sampling policy (ratio clipping) and of the reference (KL), when needed."""
+        with torch.no_grad():
+            for turn in turns:
+                for i, r in enumerate(turn.agents):
+                    if self.args.num_iterations > 1:
+                        r.old_logps, _ = completion_logps(self._agent_forward(i), *self._tensors(r), temperature=self.args.temperature)
+                    if self.ref_agents is not None:
+                        r.ref_logps, _ = completion_logps(self.ref_agents[i], *self._tensors(r), temperature=self.args.temperature)
+
+    # ---- loss ----
+    def _agent_forward(self, agent_index: int):
+        return partial(self.model_wrapped, agent_index)
+
+    @staticmethod
+    def _tensors(r: AgentRollout):
+        return r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask
+
+    def policy_loss_over_turns(self, agent_index: int, turns: list[TurnRollout]) -> torch.Tensor:
+        """The clipped policy-gradient loss over every turn's rows, each turn weighted by its share of the
+        rows (tokens for `loss_type="dapo"`), so one turn of many nodes counts as much as it holds."""
+        args = self.args
+        losses, weights, diagnostics = [], [], {}
+        for turn in turns:
+            r = turn.agents[agent_index]
+            logps, entropy = completion_logps(
+                self._agent_forward(agent_index), *self._tensors(r), temperature=args.temperature, with_entropy=True
+            )
+            old_logps = r.old_logps if r.old_logps is not None else logps.detach()
+            loss, stats = policy_loss(
+                logps, old_logps, turn.advantages[agent_index], r.completion_mask,
+                epsilon_low=args.epsilon, epsilon_high=args.epsilon_high, loss_type=args.loss_type,
+                ref_logps=r.ref_logps, beta=args.beta, max_completion_length=args.max_new_tokens,
+            )
+            losses.append(loss)
+            weights.append(float(r.completion_mask.sum()) if args.loss_type == "dapo" else float(r.completion_ids.shape[0]))
+            stats["entropy"] = masked_mean(entropy, r.completion_mask)
+            for name, value in stats.items():
+                diagnostics.setdefault(name, []).append(value)
+        total = sum(weights)
+        loss = sum(w / total * l for w, l in zip(weights, losses))
+        prefix = f"agent_{agent_index}"
+        self.record_metric(f"{prefix}/loss", loss.detach())
+        for name, values in diagnostics.items():
+            self.record_metric(f"{prefix}/{name}", sum(w / total * v for w, v in zip(weights, values)))
+        return loss
+
+    def _sample_rows(self, turn: TurnRollout, actions) -> list[dict]:
+        K, rows = self.args.num_generations, []
+        for j, item in enumerate(turn.items):
+            node, a = divmod(j, len(actions))
+            row = {"step": self.state.global_step, "prompt": item.get("prompt") if isinstance(item, dict) else item}
+            row.update({f"agent_{i}": r.completions[node * K + actions[a][i]] for i, r in enumerate(turn.agents)})
+            row["reward"] = turn.rewards[node, a].item()
+            rows.append(row)
+        return rows
+
+    # ---- logging and evaluation ----
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and self.args.log_completions and self._last_samples:
+            self._log_completions(self._last_samples[: self.args.num_completions_to_print])
+        super().log(logs, start_time)
+
+    def _log_completions(self, rows: list[dict]) -> None:
+        if not self.is_world_process_zero():
+            return
+        for row in rows:
+            print(" | ".join(f"{k}: {str(v)[:80]!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in row.items()))
+        if "wandb" in (self.args.report_to or []):
+            import wandb
+
+            if wandb.run is not None:
+                columns = list(rows[0])
+                wandb.log({"completions": wandb.Table(columns=columns, data=[[str(r[c]) for c in columns] for r in rows])})
+
+    @torch.no_grad()
+    def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """One completion per agent per prompt (greedy unless `eval_do_sample`), scored by `reward_func`."""
+        dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
+        if dataset is None:
+            raise ValueError("evaluate() needs an eval_dataset (constructor or argument)")
+        items = [dataset[i] for i in range(len(dataset))]
+        size, T = self.args.per_device_eval_batch_size, self.args.num_turns
+        completions = [[[] for _ in items] for _ in range(self.num_agents)]  # [agent][item][turn]
+        rewards = [[] for _ in range(T)]  # per turn, one per item (items whose episode ended are absent)
+        for start in range(0, len(items), size):
+            batch = items[start : start + size]
+            turns = self._roll_out(batch, 1, "aligned", None, do_sample=self.args.eval_do_sample)
+            for t, turn in enumerate(turns):  # one completion per agent: each node is one item's single path
+                rewards[t] += turn.rewards.view(-1).tolist()
+                for i, r in enumerate(turn.agents):
+                    for n, text in enumerate(r.completions):
+                        completions[i][start + n].append(text)
+        first = torch.tensor(rewards[0])
+        metrics = {
+            f"{metric_key_prefix}_reward": first.mean().item(),
+            f"{metric_key_prefix}_reward_std": first.std().item() if len(first) > 1 else 0.0,
+        }
+        if T > 1:
+            for t in range(T):
+                to_go = sum(self.args.discount ** (u - t) * torch.tensor(rewards[u]).mean().item() for u in range(t, T))
+                metrics[f"{metric_key_prefix}_turn_{t + 1}/reward_mean"] = torch.tensor(rewards[t]).mean().item()
+                metrics[f"{metric_key_prefix}_turn_{t + 1}/expected_return"] = to_go
+        if self.eval_logger is not None and self.eval_aggregator is not None:
+            prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]
+            logged = self.eval_logger(agent_completions_turns=completions, batch_items=items, prompts=prompts)
+            for key, value in self.eval_aggregator(logged, num_turns=T).items():
+                metrics[f"{metric_key_prefix}_{key}"] = float(value)
+        self.log(metrics)
+        self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
+        return metrics
