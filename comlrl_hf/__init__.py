@@ -4,11 +4,13 @@ __version__ = "0.1.0"
 
 from .models import MultiAgentModel
 from .trainers import (
+    IACConfig, IACTrainer, MAACConfig, MAACTrainer,
     MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MAReMaxConfig, MAReMaxTrainer,
     MARLOOConfig, MARLOOTrainer, MultiAgentConfig, MultiAgentTrainer,
 )
 
 __all__ = [
+    "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer",
     "MultiAgentModel", "MultiAgentConfig", "MultiAgentTrainer",
     "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
     "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",

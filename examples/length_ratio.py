@@ -26,7 +26,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -56,19 +56,33 @@ def chat(item: dict) -> list[dict]:
     return [{"role": "user", "content": item["prompt"]}]
 
 
-class PrintReward(TrainerCallback):
-    """Print one line per logged step: the mean joint reward and each agent's mean completion length (tokens)."""
+class LengthRatioReward:
+    """The spec's reward, remembering the latest joint actions and each agent's mean length in characters."""
 
     def __init__(self):
-        self.start = time.time()
+        self.last_pairs: list[tuple[str, str]] = []
+        self.mean_chars = (float("nan"), float("nan"))
+
+    def __call__(self, completions1, completions2):
+        self.last_pairs = list(zip(completions1, completions2))
+        self.mean_chars = tuple(sum(map(len, c)) / max(len(c), 1) for c in (completions1, completions2))
+        return length_ratio_reward(completions1, completions2)
+
+
+class PrintReward(TrainerCallback):
+    """One line per logged step: the mean joint reward, each agent's mean length (characters and tokens)."""
+
+    def __init__(self, reward: LengthRatioReward):
+        self.reward, self.start = reward, time.time()
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "reward" in logs:
+            c0, c1 = self.reward.mean_chars
             print(
                 f"step {state.global_step:3d}/{state.max_steps}  reward {logs['reward']:.3f}  "
-                f"len0 {logs.get('agent_0/completion_length', float('nan')):5.1f}  "
-                f"len1 {logs.get('agent_1/completion_length', float('nan')):5.1f} tokens  "
-                f"[{time.time() - self.start:5.0f} s]",
+                f"first {c0:5.1f} chars / {logs.get('agent_0/completion_length', float('nan')):4.1f} tok  "
+                f"second {c1:5.1f} chars / {logs.get('agent_1/completion_length', float('nan')):4.1f} tok  "
+                f"[{time.time() - self.start:4.0f} s]",
                 flush=True,
             )
 
@@ -76,12 +90,12 @@ class PrintReward(TrainerCallback):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None, help="optimizer steps (overrides --epochs)")
-    p.add_argument("--epochs", type=float, default=24, help="passes over the 4 prompts")
+    p.add_argument("--epochs", type=float, default=8, help="passes over the 4 prompts (2 steps each)")
     p.add_argument("--out", default="demo_output", help="where the agents and the reward curve go")
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=20)
     p.add_argument("--num-generations", type=int, default=4, help="samples per agent per prompt (K)")
     p.add_argument("--batch-size", type=int, default=2, help="prompts per step")
-    p.add_argument("--lr", type=float, default=2e-5, help="agent learning rate")
+    p.add_argument("--lr", type=float, default=5e-5, help="agent learning rate")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
@@ -100,13 +114,15 @@ def plot(steps, rewards, path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(steps, rewards, marker=".", lw=1, label="mean joint reward")
     if len(rewards) >= 4:
-        w = max(2, len(rewards) // 8)
+        w = max(3, len(rewards) // 5)
         smooth = [sum(rewards[max(0, i - w + 1) : i + 1]) / len(rewards[max(0, i - w + 1) : i + 1]) for i in range(len(rewards))]
         ax.plot(steps, smooth, lw=2, label=f"moving mean ({w} steps)")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward")
     ax.set_ylim(0, 1.02)
@@ -142,20 +158,16 @@ def main(argv=None):
         seed=args.seed,
         disable_tqdm=True,
     )
-    last_pairs = []
-
-    def reward(completions1, completions2):  # the spec's reward, keeping the latest pairs to show at the end
-        last_pairs[:] = list(zip(completions1, completions2))
-        return length_ratio_reward(completions1, completions2)
-
+    reward = LengthRatioReward()
     trainer = MAGRPOTrainer(
         agents=[model_dir, model_dir],  # two independent copies of the same weights
         reward_func=reward,
         formatters=chat,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
         args=config,
-        callbacks=[PrintReward()],
+        callbacks=[PrintReward(reward)],
     )
+    trainer.remove_callback(PrinterCallback)  # our one-line summary replaces the raw log dicts
     print(f"loaded 2 agents from {model_dir} in {time.time() - start:.0f} s; training...", flush=True)
     trainer.train()
 
@@ -168,7 +180,7 @@ def main(argv=None):
 
     first, last = quarter_means(rewards)
     print(f"\nsaved the agents to {args.out}/agent_0, {args.out}/agent_1 and the reward curve to {curve}")
-    for first_text, second_text in last_pairs[:2]:
+    for first_text, second_text in reward.last_pairs[:2]:
         r = length_ratio_reward([first_text], [second_text])[0]
         print(f"  first : {first_text!r}\n  second: {second_text!r}  (reward {r:.2f})")
     print(f"mean joint reward: first quarter {first:.3f} -> last quarter {last:.3f} "

@@ -5,8 +5,16 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+import json
+
+import safetensors.torch
+import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
+
+from .value_head import load_value_head, save_with_value_head
+
+CRITIC_LAYOUTS = (None, "per_agent", "central")
 
 
 def agent_dir(root: str | os.PathLike, index: int) -> str:
@@ -17,7 +25,11 @@ class MultiAgentModel(nn.Module):
     """N causal-LM agents (plus optional critics) and one tokenizer per agent.
 
     It deliberately has no `.config`: the Trainer then skips single-model assumptions (`use_cache`, special-token
-    alignment). Its on-disk layout is `agent_i/` (a complete `from_pretrained` directory with tokenizer files).
+    alignment). Its on-disk layout (spec §4):
+
+        agent_i/                 from_pretrained folder + tokenizer (+ value_head.pt when the actor has a head)
+        agent_i/critic/          critic_layout="per_agent": agent i's critic backbone + value_head.pt
+        critic/                  critic_layout="central": the one critic backbone + value_head.pt
     """
 
     def __init__(
@@ -25,12 +37,16 @@ class MultiAgentModel(nn.Module):
         agents: Sequence[nn.Module],
         tokenizers: Sequence[PreTrainedTokenizerBase],
         critics: Sequence[nn.Module] | None = None,
+        critic_layout: str | None = None,
     ):
         super().__init__()
         if len(agents) != len(tokenizers):
             raise ValueError(f"{len(agents)} agents but {len(tokenizers)} tokenizers")
+        if critic_layout not in CRITIC_LAYOUTS or (critic_layout is None) != (not critics):
+            raise ValueError(f"critic_layout {critic_layout!r} does not fit {len(critics or [])} critics")
         self.agents = nn.ModuleList(agents)
         self.critics = nn.ModuleList(critics) if critics else None
+        self.critic_layout = critic_layout
         self.tokenizers = list(tokenizers)
 
     @property
@@ -65,10 +81,47 @@ class MultiAgentModel(nn.Module):
     def agent_parameters(self, index: int):
         return [p for p in self.agents[index].parameters() if p.requires_grad]
 
-    def save_pretrained(self, save_directory: str | os.PathLike, *, safe_serialization: bool = True) -> None:
-        """Write `agent_i/` for every agent: HF config, safetensors weights, generation config, tokenizer."""
+    def _critic_dirs(self, root: str | os.PathLike) -> list[tuple[str, int]]:
+        """(folder, tokenizer index) of each critic."""
+        if self.critic_layout == "per_agent":
+            return [(os.path.join(agent_dir(root, i), "critic"), i) for i in range(len(self.critics))]
+        if self.critic_layout == "central":
+            return [(os.path.join(os.fspath(root), "critic"), 0)]
+        return []
+
+    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
+        """Write the layout above; every backbone folder loads with `from_pretrained`."""
         for i, (agent, tokenizer) in enumerate(zip(self.agents, self.tokenizers)):
-            path = agent_dir(save_directory, i)
-            os.makedirs(path, exist_ok=True)
-            agent.save_pretrained(path, safe_serialization=safe_serialization)
-            tokenizer.save_pretrained(path)
+            save_with_value_head(agent, agent_dir(save_directory, i), tokenizer)
+        for critic, (path, tok_index) in zip(self.critics or [], self._critic_dirs(save_directory)):
+            save_with_value_head(critic, path, self.tokenizers[tok_index])
+
+    def load_weights(self, directory: str | os.PathLike) -> None:
+        """Load a saved layout into the live models, in place (same architectures required)."""
+        for i, agent in enumerate(self.agents):
+            _load_folder_into(agent, agent_dir(directory, i))
+        for critic, (path, _) in zip(self.critics or [], self._critic_dirs(directory)):
+            _load_folder_into(critic, path)
+
+
+def _load_folder_into(model: nn.Module, folder: str) -> None:
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+    else:
+        files = ["model.safetensors"]
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        path = os.path.join(folder, name)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path} is missing")
+        state.update(safetensors.torch.load_file(path))
+    # tied aliases are listed once by named_parameters; the head comes from value_head.pt
+    required = {n for n, _ in model.named_parameters() if not n.startswith("value_head.")}
+    missing, unexpected = required - state.keys(), state.keys() - set(model.state_dict())
+    if missing or unexpected:
+        raise ValueError(f"{folder} does not fit {type(model).__name__}: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
+    model.load_state_dict(state, strict=False)
+    if getattr(model, "value_head", None) is not None:
+        load_value_head(model, folder)

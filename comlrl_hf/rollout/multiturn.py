@@ -136,8 +136,9 @@ class TurnRollout:
     """One turn of a batch of trees: `agents[i]` holds agent i's rows (node-major, K per node),
     `rewards` is [nodes, J], `children[n]` the child node of each joint action (None at a leaf)."""
 
-    def __init__(self, agents, rewards, children, items):
+    def __init__(self, agents, rewards, children, items, prompts):
         self.agents, self.rewards, self.children, self.items = agents, rewards, children, items
+        self.prompts = prompts  # [agent][node]: the formatted prompt of each node
         self.advantages: list[torch.Tensor] = []  # per agent, [nodes * K], set by the trainer
 
 
@@ -195,7 +196,7 @@ def roll_out_tree(
                     )
                     children[n].append(len(next_nodes))
                     next_nodes.append(_Node(node.item, next_prompts, prompt_history, response_history))
-        turns.append(TurnRollout(rollouts, rewards, children, items))
+        turns.append(TurnRollout(rollouts, rewards, children, items, prompts))
         nodes = next_nodes
         if not nodes:
             break

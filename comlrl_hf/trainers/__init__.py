@@ -1,3 +1,4 @@
+from .actor_critic import ActorCriticConfig, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .base import MultiAgentTrainer
 from .config import MultiAgentConfig
 from .reinforce import (
@@ -6,6 +7,7 @@ from .reinforce import (
 )
 
 __all__ = [
+    "ActorCriticConfig", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer",
     "MultiAgentConfig", "MultiAgentTrainer",
     "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
     "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",

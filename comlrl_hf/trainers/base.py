@@ -131,7 +131,8 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
             seen.add(id(model))
             check_vocab_fits(model, tok, f"agents[{i}]")
         args.num_agents = count
-        container = MultiAgentModel(models, tokenizers)
+        critics, layout = self._build_critics(models, tokenizers, args)
+        container = MultiAgentModel(models, tokenizers, critics, layout)
         self.env_step = 0  # joint actions scored so far: the x-axis of every logged metric
         self._metrics: dict[str, list[float]] = defaultdict(list)
         self._agent_grad_norms: list[float] | None = None
@@ -164,6 +165,10 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
         for callback in existing:
             self.remove_callback(callback)
         self.add_callback(MultiAgentWandbCallback(self, wandb_config))
+
+    def _build_critics(self, agents: list, tokenizers: list, args) -> tuple[list | None, str | None]:
+        """Critics (and value heads) of actor-critic trainers: (critics, critic_layout)."""
+        return None, None
 
     def _validate_before_loading(self, args: MultiAgentConfig, num_agents: int) -> None:
         """Algorithm checks that need no model; raised before any weights are loaded."""
@@ -215,21 +220,32 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
     # ---- optimization ----
     def create_optimizer(self, model=None):
         """One parameter group per agent (`agent_i`, and `agent_i/no_decay` for biases and norms when
-        weight decay is on), each at `agent_learning_rate`. AdamW is per-parameter, so this equals N optimizers."""
+        weight decay is on) at `agent_learning_rate`, and per critic (`critic_i`, `critic`, or
+        `agent_i/value_head` on a shared backbone) at `critic_learning_rate`. AdamW is per-parameter, so this
+        equals one optimizer per model."""
         if self.optimizer is not None:
             return self.optimizer
-        groups = []
+        critic_rate = self.args.critic_learning_rate if self.args.critic_learning_rate is not None else self.args.agent_learning_rate
+        sets = []  # (group name, module, parameter filter, learning rate)
         for i, agent in enumerate(self.agents):
-            decay = set(self.get_decay_parameter_names(agent))
-            params = [(n, p) for n, p in agent.named_parameters() if p.requires_grad]
-            rate = self.args.agent_learning_rate
+            sets.append((f"agent_{i}", agent, lambda n: not n.startswith("value_head."), self.args.agent_learning_rate))
+            if getattr(agent, "value_head", None) is not None:  # shared actor-critic backbone
+                sets.append((f"agent_{i}/value_head", agent, lambda n: n.startswith("value_head."), critic_rate))
+        critics = self._container.critics or []
+        for i, critic in enumerate(critics):
+            sets.append(("critic" if len(critics) == 1 and self._container.critic_layout == "central" else f"critic_{i}",
+                         critic, lambda n: True, critic_rate))
+        groups = []
+        for name, module, keep, rate in sets:
+            decay = set(self.get_decay_parameter_names(module))
+            params = [(n, p) for n, p in module.named_parameters() if p.requires_grad and keep(n)]
             if self.args.weight_decay:
-                groups.append({"name": f"agent_{i}", "params": [p for n, p in params if n in decay], "lr": rate,
+                groups.append({"name": name, "params": [p for n, p in params if n in decay], "lr": rate,
                                "weight_decay": self.args.weight_decay})
-                groups.append({"name": f"agent_{i}/no_decay", "params": [p for n, p in params if n not in decay],
+                groups.append({"name": f"{name}/no_decay", "params": [p for n, p in params if n not in decay],
                                "lr": rate, "weight_decay": 0.0})
             else:
-                groups.append({"name": f"agent_{i}", "params": [p for _, p in params], "lr": rate, "weight_decay": 0.0})
+                groups.append({"name": name, "params": [p for _, p in params], "lr": rate, "weight_decay": 0.0})
         groups = [g for g in groups if g["params"]]
         optimizer_cls, optimizer_kwargs = self.get_optimizer_cls_and_kwargs(self.args, self.model)
         self.optimizer = optimizer_cls(groups, **optimizer_kwargs)
@@ -286,7 +302,15 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
             loss = loss / self.current_gradient_accumulation_steps
             self.accelerator.backward(loss)
             total += loss.detach()
+        for loss in self.shared_losses(rollout):  # e.g. a centralized critic: once per step, not once per agent
+            loss = loss / self.current_gradient_accumulation_steps
+            self.accelerator.backward(loss)
+            total += loss.detach()
         return total
+
+    def shared_losses(self, inputs: Any) -> list[torch.Tensor]:
+        """Losses that belong to no single agent (a centralized critic's); none by default."""
+        return []
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The summed loss of all agents on prepared `inputs` (training uses one backward per agent instead)."""

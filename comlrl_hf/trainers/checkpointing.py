@@ -18,7 +18,6 @@ import shutil
 import uuid
 from typing import Any
 
-import safetensors.torch
 import torch
 from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_callback import ExportableState
@@ -161,6 +160,7 @@ class CheckpointMixin:
         return {
             "num_agents": self.num_agents,
             "agents": [model_fingerprint(a) for a in self.agents],
+            "critics": [model_fingerprint(c) for c in (self._container.critics or [])],
             "tokenizers": [tokenizer_fingerprint(t) for t in self.tokenizers],
             "dataset": dataset_fingerprint(self.train_dataset),
             "config": {k: args.get(k) for k in keys},
@@ -178,7 +178,7 @@ class CheckpointMixin:
             raise CheckpointError(f"checkpoint {path} was written by {metadata.get('trainer_class')}, not {expected}")
         saved, current = metadata.get("fingerprint", {}), self.compatibility_fingerprint()
         differences = []
-        for key in ("num_agents", "agents", "tokenizers", "dataset", "stateful"):
+        for key in ("num_agents", "agents", "critics", "tokenizers", "dataset", "stateful"):
             if saved.get(key) != current[key]:
                 differences.append(f"{key}: checkpoint {_short(saved.get(key))}, now {_short(current[key])}")
         for key in sorted(set(saved.get("config", {})) | set(current["config"])):
@@ -250,18 +250,12 @@ class CheckpointMixin:
 
     # ---- loading ----
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
-        """Load every `agent_i/` into the live agents in place (before the optimizer exists), then the
-        user objects' state."""
-        for i, agent in enumerate(self.agents):
-            folder = os.path.join(resume_from_checkpoint, f"agent_{i}")
-            state = _load_safetensors_folder(folder)
-            required = set(dict(agent.named_parameters()))  # tied aliases are not listed twice
-            missing, unexpected = required - state.keys(), state.keys() - set(agent.state_dict())
-            if missing or unexpected:
-                raise CheckpointError(
-                    f"{folder} does not fit agent {i}: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}"
-                )
-            agent.load_state_dict(state, strict=False)
+        """Load every `agent_i/` (and critic) into the live models in place (before the optimizer exists),
+        then the user objects' state."""
+        try:
+            self._container.load_weights(resume_from_checkpoint)
+        except (FileNotFoundError, ValueError) as error:
+            raise CheckpointError(str(error)) from error
         user_file = os.path.join(resume_from_checkpoint, USER_STATE_NAME)
         if os.path.isfile(user_file):
             states = torch.load(user_file, map_location="cpu", weights_only=True)
@@ -276,19 +270,3 @@ def _is_stateful(obj) -> bool:
 def _short(value: Any, limit: int = 80) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _load_safetensors_folder(folder: str) -> dict[str, torch.Tensor]:
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    state: dict[str, torch.Tensor] = {}
-    for name in files:
-        path = os.path.join(folder, name)
-        if not os.path.isfile(path):
-            raise CheckpointError(f"{path} is missing")
-        state.update(safetensors.torch.load_file(path))
-    return state

@@ -48,3 +48,29 @@ def group_advantages(rewards: torch.Tensor, mode: str = "mean", scale: str = "gr
     elif scale != "none":
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale!r}")
     return advantages
+
+
+def tree_gae(
+    rewards: list[torch.Tensor],
+    values: list[torch.Tensor],
+    next_row: list[list[int | None]],
+    gamma: float,
+    lam: float,
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    r"""Generalized advantage estimation over turns, for rows that continue in a row of the next turn.
+
+    For row $n$ of turn $t$ with value $V_t$, reward $r_t$ and successor row $c$ (None at the end of an
+    episode, where $V_{t+1} = 0$ and $A_{t+1} = 0$):
+    $\delta_t = r_t + \gamma V_{t+1}(c) - V_t$, $A_t = \delta_t + \gamma \lambda A_{t+1}(c)$, target $= A_t + V_t$.
+    $\lambda = 0$ is TD(0) (the original comlrl), $\lambda = 1$ the Monte-Carlo return minus $V_t$.
+    Returns (advantages, value targets), one tensor per turn.
+    """
+    advantages = [torch.zeros_like(r) for r in rewards]
+    for t in range(len(rewards) - 1, -1, -1):
+        for n, child in enumerate(next_row[t]):
+            next_value = values[t + 1][child] if child is not None else 0.0
+            next_advantage = advantages[t + 1][child] if child is not None else 0.0
+            delta = rewards[t][n] + gamma * next_value - values[t][n]
+            advantages[t][n] = delta + gamma * lam * next_advantage
+    targets = [a + v for a, v in zip(advantages, values)]
+    return advantages, targets

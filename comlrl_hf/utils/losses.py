@@ -68,3 +68,15 @@ def policy_loss(
         clipped = ((ratio < 1 - epsilon_low) & (adv < 0)) | ((ratio > 1 + epsilon_high) & (adv > 0))
         stats["clip_ratio"] = masked_mean(clipped.to(logps.dtype), mask)
     return loss, stats
+
+
+def value_loss(
+    values: torch.Tensor, targets: torch.Tensor, old_values: torch.Tensor | None = None, clip_range: float | None = None
+) -> torch.Tensor:
+    """Mean squared error to the targets; with `clip_range`, PPO's pessimistic clipped variant
+    max((V - t)^2, (V_old + clip(V - V_old, -c, c) - t)^2)."""
+    loss = (values - targets) ** 2
+    if clip_range is not None and old_values is not None:
+        clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        loss = torch.max(loss, (clipped - targets) ** 2)
+    return loss.mean()

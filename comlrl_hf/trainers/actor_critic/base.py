@@ -1,0 +1,124 @@
+"""`ActorCriticTrainer`: rollouts scored by a learned critic (IAC and MAAC share everything but the critic).
+
+Per turn t and row (a node's k-th joint action), with critic value V_t (state, or state-action for
+`critic_type="q"`) and joint reward r_t, advantages are GAE over turns (`utils.advantages.tree_gae`):
+    delta_t = r_t + gamma V_{t+1} - V_t,   A_t = delta_t + gamma lambda A_{t+1},   target_t = A_t + V_t.
+The actor minimises the clipped policy loss with A (optionally z-scored per agent and turn); the critic
+minimises (V - target)^2 (optionally clipped around the rollout's values), weighted by `value_loss_coef`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...models.value_head import attach_value_head, token_values
+from ...rollout.generation import AgentRollout
+from ...rollout.multiturn import TurnRollout
+from ...utils.advantages import tree_gae
+from ...utils.losses import value_loss
+from ...utils.model_sources import check_vocab_fits, load_causal_lm
+from ..base import MultiAgentTrainer
+from .config import ActorCriticConfig
+
+
+@dataclass
+class ActorCriticRollout:
+    turns: list[TurnRollout]
+    value_targets: list[list[torch.Tensor]]  # [turn][agent] -> [rows]
+    old_values: list[list[torch.Tensor]]  # [turn][agent] -> [rows], the values at rollout time
+
+
+class ActorCriticTrainer(MultiAgentTrainer):
+    """Base of [`IACTrainer`] and [`MAACTrainer`]; takes `critic_model` / `critics` besides the agents."""
+
+    config_class = ActorCriticConfig
+    explicit_tokenizer_for_agent_list = True  # spec §1.3: AC trainers need a tokenizer when `agents` is given
+
+    def __init__(self, *args, critic_model=None, critics=None, **kwargs):
+        self._critic_args = (critic_model, critics)
+        super().__init__(*args, **kwargs)
+
+    @property
+    def critics(self):
+        return self._container.critics
+
+    # ---- critics ----
+    def _critic_sources(self, args, num_agents: int) -> list | None:
+        """Where each critic comes from (None: value heads on the actors); checked before loading."""
+        raise NotImplementedError
+
+    def _validate_before_loading(self, args, num_agents: int) -> None:
+        self._resolved_critics = self._critic_sources(args, num_agents)
+
+    def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None):
+        critic = load_causal_lm(source, self.model_config)
+        check_vocab_fits(critic, tokenizer, where)
+        return attach_value_head(critic, hidden_dim)
+
+    # ---- values ----
+    def row_values(self, turn: TurnRollout, agent_index: int) -> torch.Tensor:
+        """Critic values of agent `agent_index`'s rows in `turn` [rows] (with grad if enabled)."""
+        raise NotImplementedError
+
+    @staticmethod
+    def _state_or_action_values(model, r: AgentRollout, critic_type: str) -> torch.Tensor:
+        """One forward over prompt+completion: V at the last prompt token, Q at the last completion token."""
+        ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
+        mask = torch.cat([r.prompt_mask, r.completion_mask.to(r.prompt_mask.dtype)], dim=1)
+        values = token_values(model, ids, mask)
+        prompt_len = r.prompt_ids.shape[1]
+        if critic_type == "v":
+            return values[:, prompt_len - 1]
+        last = prompt_len + r.completion_mask.sum(dim=1) - 1
+        return values.gather(1, last.unsqueeze(1)).squeeze(1)
+
+    # ---- rollout ----
+    def rollout(self, batch: list[dict]) -> ActorCriticRollout:
+        args, K = self.args, self.args.num_generations
+        turns = self._roll_out(batch, K, "aligned", args.early_termination_threshold, do_sample=True)
+        rewards = [turn.rewards.reshape(-1).to(args.device) for turn in turns]  # row n*K + k = joint action k of node n
+        # aligned with K = 1 beyond the first turn: row n continues in the child node's single row
+        next_rows = [
+            [None if turn.children[n // K] is None else turn.children[n // K][n % K] * K for n in range(turn.rewards.numel())]
+            for turn in turns
+        ]
+        targets = [[None] * self.num_agents for _ in turns]
+        old_values = [[None] * self.num_agents for _ in turns]
+        with torch.no_grad():
+            values = [[self.row_values(turn, i).float() for i in range(self.num_agents)] for turn in turns]
+        for i in range(self.num_agents):
+            adv, tgt = tree_gae(rewards, [v[i] for v in values], next_rows, args.discount, args.gae_lambda)
+            for t, turn in enumerate(turns):
+                a = adv[t]
+                if args.normalize_advantages and a.numel() > 1:
+                    a = (a - a.mean()) / (a.std() + 1e-8)
+                turn.advantages.append(a)
+                targets[t][i], old_values[t][i] = tgt[t], values[t][i]
+            self.record_metric(f"agent_{i}/value_mean", torch.cat([v[i] for v in values]).mean())
+        for t, turn in enumerate(turns):
+            self.env_step += turn.rewards.numel()
+            if args.num_turns > 1:
+                self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
+                self.record_metric(f"turn_{t + 1}/expected_return", targets[t][0].mean())
+        self.attach_sampling_logps(turns)
+        self.record_metric("reward", turns[0].rewards.mean())
+        self.record_metric("reward_std", turns[0].rewards.std() if turns[0].rewards.numel() > 1 else 0.0)
+        for i in range(self.num_agents):
+            lengths = torch.cat([turn.agents[i].completion_lengths.float() for turn in turns])
+            self.record_metric(f"agent_{i}/completion_length", lengths.mean())
+        self._last_samples = self._sample_rows(turns[0], [(k,) * self.num_agents for k in range(K)])
+        return ActorCriticRollout(turns, targets, old_values)
+
+    # ---- losses ----
+    def critic_value_loss(self, inputs: ActorCriticRollout, agent_index: int) -> torch.Tensor:
+        """Value loss of the critic serving `agent_index`, over every turn (rows weighted equally)."""
+        losses, weights = [], []
+        for t, turn in enumerate(inputs.turns):
+            values = self.row_values(turn, agent_index).float()
+            losses.append(value_loss(values, inputs.value_targets[t][agent_index], inputs.old_values[t][agent_index],
+                                     self.args.value_clip_range))
+            weights.append(values.numel())
+        total = sum(weights)
+        return sum(w / total * loss for w, loss in zip(weights, losses))
