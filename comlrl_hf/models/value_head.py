@@ -18,25 +18,27 @@ VALUE_HEAD_NAME = "value_head.pt"
 class ValueHead(nn.Module):
     """Linear -> 1, or Linear -> Tanh -> Linear -> 1 with `hidden_dim`; weights N(0, 0.02), zero bias."""
 
-    def __init__(self, hidden_size: int, hidden_dim: int | None = None):
+    def __init__(self, hidden_size: int, hidden_dim: int | None = None, seed: int | None = None):
         super().__init__()
         if hidden_dim is not None and (not isinstance(hidden_dim, int) or hidden_dim < 1):
             raise ValueError(f"value head hidden_dim must be a positive integer or None, got {hidden_dim!r}")
         layers = [nn.Linear(hidden_size, hidden_dim), nn.Tanh(), nn.Linear(hidden_dim, 1)] if hidden_dim else [nn.Linear(hidden_size, 1)]
         self.net = nn.Sequential(*layers)
+        # Seeded on its own, so the same seed gives the same head whatever ran before (resume compares runs).
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
         for layer in self.net:
             if isinstance(layer, nn.Linear):
-                nn.init.normal_(layer.weight, std=0.02)
+                nn.init.normal_(layer.weight, std=0.02, generator=generator)
                 nn.init.zeros_(layer.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.net(hidden.to(self.net[0].weight.dtype)).squeeze(-1)
 
 
-def attach_value_head(model: nn.Module, hidden_dim: int | None) -> nn.Module:
+def attach_value_head(model: nn.Module, hidden_dim: int | None, seed: int | None = None) -> nn.Module:
     """Give `model` a fresh `value_head` on its device and dtype."""
     weight = model.get_input_embeddings().weight
-    model.value_head = ValueHead(model.config.hidden_size, hidden_dim).to(device=weight.device, dtype=weight.dtype)
+    model.value_head = ValueHead(model.config.hidden_size, hidden_dim, seed).to(device=weight.device, dtype=weight.dtype)
     return model
 
 

@@ -52,10 +52,10 @@ class ActorCriticTrainer(MultiAgentTrainer):
     def _validate_before_loading(self, args, num_agents: int) -> None:
         self._resolved_critics = self._critic_sources(args, num_agents)
 
-    def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None):
+    def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None, seed: int):
         critic = load_causal_lm(source, self.model_config)
         check_vocab_fits(critic, tokenizer, where)
-        return attach_value_head(critic, hidden_dim)
+        return attach_value_head(critic, hidden_dim, seed)
 
     # ---- values ----
     def row_values(self, turn: TurnRollout, agent_index: int) -> torch.Tensor:

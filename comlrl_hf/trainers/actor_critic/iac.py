@@ -46,11 +46,12 @@ class IACTrainer(ActorCriticTrainer):
 
     def _build_critics(self, agents, tokenizers, args):
         if self._resolved_critics is None:
-            for agent in agents:
-                attach_value_head(agent, args.value_head_hidden_dim)
+            for i, agent in enumerate(agents):
+                attach_value_head(agent, args.value_head_hidden_dim, seed=args.seed + i)
             return None, None
         critics = [
-            self._load_critic(src, tokenizers[i], f"critics[{i}] (with agent {i}'s tokenizer)", args.critic_value_head_hidden_dim)
+            self._load_critic(src, tokenizers[i], f"critics[{i}] (with agent {i}'s tokenizer)",
+                              args.critic_value_head_hidden_dim, seed=args.seed + i)
             for i, src in enumerate(self._resolved_critics)
         ]
         if len({id(c) for c in critics}) < len(critics) or any(id(c) in {id(a) for a in agents} for c in critics):

@@ -41,7 +41,7 @@ class MAACTrainer(ActorCriticTrainer):
 
     def _build_critics(self, agents, tokenizers, args):
         hidden = self.model_config.get("critic_value_head_hidden_dim")
-        critic = self._load_critic(self._resolved_critics[0], tokenizers[0], "the centralized critic (with agent 0's tokenizer)", hidden)
+        critic = self._load_critic(self._resolved_critics[0], tokenizers[0], "the centralized critic (with agent 0's tokenizer)", hidden, seed=args.seed)
         if any(critic is a for a in agents):
             raise ValueError("the centralized critic must be its own model object, not one of the agents")
         return [critic], "central"
