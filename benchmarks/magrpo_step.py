@@ -29,7 +29,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from transformers import TrainerCallback  # noqa: E402
+from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
 import comlrl_hf.trainers.reinforce.magrpo as magrpo_module  # noqa: E402
@@ -148,6 +148,7 @@ def run(args) -> str:
         )
         load_s = time.perf_counter() - t_load
         clock.trainer = trainer
+        trainer.remove_callback(PrinterCallback)
         trainer.train()
 
     step_s = clock.t1 - clock.t0

@@ -8,7 +8,6 @@ reward to the first's (discount 1), so a first answer that sets up a good second
 """
 
 import argparse
-import math
 import os
 import tempfile
 
@@ -17,17 +16,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from datasets import Dataset
 
+from comlrl_hf.rewards import length_ratio_reward
 from comlrl_hf.testing import save_tiny_model
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-
-
-def length_ratio_reward(completions1, completions2):
-    rewards = []
-    for first, second in zip(completions1, completions2):
-        ratio = len(second) / max(len(first), 1)
-        distance = 0.0 if 2 <= ratio <= 3 else min(abs(ratio - 2), abs(ratio - 3))
-        rewards.append(math.exp(-distance))
-    return rewards
 
 
 def feedback(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):

@@ -15,15 +15,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 from datasets import Dataset
 
+from comlrl_hf.rewards import space_share_reward
 from comlrl_hf.testing import save_tiny_model
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 
 PROMPTS = ["Describe a city in the clouds:", "Invent a new holiday and explain it:",
            "Write a bedtime story for a dragon:", "Design a playground on Mars:"]
-
-
-def space_share_reward(completions1, completions2):
-    return [sum(c.count(" ") / max(len(c), 1) for c in pair) / 2 for pair in zip(completions1, completions2)]
 
 
 def main():

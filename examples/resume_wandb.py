@@ -7,7 +7,6 @@ against env_step into one W&B run; the second part resumes from the latest check
 """
 
 import argparse
-import math
 import os
 import tempfile
 from pathlib import Path
@@ -19,25 +18,18 @@ import wandb
 from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from comlrl_hf.rewards import length_ratio_reward
 from comlrl_hf.testing import save_tiny_model
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
 from comlrl_hf.utils import read_checkpoint_metadata
 
 
-def length_ratio_reward(completions1, completions2):
-    rewards = []
-    for first, second in zip(completions1, completions2):
-        ratio = len(second) / max(len(first), 1)
-        distance = 0.0 if 2 <= ratio <= 3 else min(abs(ratio - 2), abs(ratio - 3))
-        rewards.append(math.exp(-distance))
-    return rewards
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--model", default=None)
-    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "comlrl_hf_resume_demo"))
+    parser.add_argument("--workdir", default=None, help="default: a new temporary folder")
     args = parser.parse_args()
+    args.workdir = args.workdir or tempfile.mkdtemp(prefix="comlrl_hf_resume_demo-")
     os.makedirs(args.workdir, exist_ok=True)
     model_name = args.model or save_tiny_model(os.path.join(args.workdir, "tiny-qwen2"), "qwen2")
     tokenizer = AutoTokenizer.from_pretrained(model_name)

@@ -9,6 +9,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
 
+from comlrl_hf.rewards import length_ratio_reward, space_share_reward  # noqa: E402,F401
 from comlrl_hf.testing import save_tiny_model  # noqa: E402
 
 torch.set_num_threads(1)
@@ -36,17 +37,6 @@ def qwen_dir(tmp_path_factory):
 @pytest.fixture()
 def dataset():
     return Dataset.from_dict({"prompt": PROMPTS})
-
-
-def length_ratio_reward(completions1, completions2):
-    import math
-
-    rewards = []
-    for first, second in zip(completions1, completions2):
-        ratio = len(second) / max(len(first), 1)
-        distance = 0.0 if 2 <= ratio <= 3 else min(abs(ratio - 2), abs(ratio - 3))
-        rewards.append(math.exp(-distance))
-    return rewards
 
 
 @pytest.fixture(autouse=True)

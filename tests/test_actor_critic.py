@@ -14,7 +14,7 @@ from comlrl_hf import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from comlrl_hf.utils.advantages import tree_gae
 from comlrl_hf.utils.losses import value_loss
 
-from conftest import PROMPTS, length_ratio_reward
+from conftest import PROMPTS, length_ratio_reward, space_share_reward
 
 FAST = dict(max_new_tokens=6, num_train_epochs=1, report_to=[], logging_steps=1, disable_tqdm=True)
 
@@ -187,10 +187,6 @@ def test_actor_critic_resume_is_bitwise(kind, turns, llama_dir, qwen_dir, tokeni
 
 
 # ---- learning ----
-
-def space_share_reward(completions1, completions2):
-    return [sum(c.count(" ") / max(len(c), 1) for c in pair) / 2 for pair in zip(completions1, completions2)]
-
 
 class _Logs(TrainerCallback):
     def __init__(self):

@@ -206,3 +206,9 @@ def test_stateful_reward_function_is_restored(dirs):
     resumed.train(resume_from_checkpoint="ck/checkpoint-1")
     assert reward.calls == 2 and fresh.calls == 4
     assert "reward_func" in read_checkpoint_metadata("ck/checkpoint-1")["fingerprint"]["stateful"]
+
+
+def test_a_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(dirs, full_run):
+    with pytest.raises(CheckpointError, match="full already holds checkpoints of another run"):
+        _build(dirs, 2).train(checkpoint_dir="full", checkpoint_interval=1)
+    full_run.train(checkpoint_dir="full", checkpoint_interval=1)  # the same run may write there again

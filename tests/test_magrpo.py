@@ -10,7 +10,7 @@ from transformers import Trainer, TrainerCallback
 from comlrl_hf import MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MARLOOTrainer, MARLOOConfig
 from comlrl_hf import MAReMaxConfig, MAReMaxTrainer
 
-from conftest import PROMPTS, length_ratio_reward
+from conftest import PROMPTS, length_ratio_reward, space_share_reward
 
 
 def _config(cls=MAGRPOConfig, **kw):
@@ -207,13 +207,6 @@ def test_variant_trainers_use_their_baselines(qwen_dir, dataset):
         MARLOOTrainer(agent_model=qwen_dir, reward_func=length_ratio_reward, args=_config())
 
 
-def space_fraction_reward(completions1, completions2):
-    """Learnable by random tiny models: the share of spaces in both agents' completions."""
-    return [
-        sum(c.count(" ") / max(len(c), 1) for c in pair) / 2 for pair in zip(completions1, completions2)
-    ]
-
-
 class _RewardLog(TrainerCallback):
     def __init__(self):
         self.rewards = []
@@ -229,7 +222,7 @@ def test_tiny_agents_learn_a_learnable_reward(llama_dir, qwen_dir):
 
     log = _RewardLog()
     trainer = MAGRPOTrainer(
-        agents=[llama_dir, qwen_dir], reward_func=space_fraction_reward,
+        agents=[llama_dir, qwen_dir], reward_func=space_share_reward,
         train_dataset=Dataset.from_dict({"prompt": PROMPTS * 2}),
         callbacks=[log],
         args=MAGRPOConfig(num_train_epochs=8, per_device_train_batch_size=2, num_generations=8, max_new_tokens=12,

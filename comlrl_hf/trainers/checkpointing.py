@@ -132,6 +132,14 @@ class CheckpointMixin:
             self._restore_runtime(metadata)
         else:
             self._run_id = getattr(self, "_run_id", None) or uuid.uuid4().hex
+            foreign = [p for p in list_checkpoints(self._checkpoint_dir)
+                       if read_checkpoint_metadata(p).get("run_id") != self._run_id]
+            if foreign and (checkpoint_dir is not None or checkpoint_interval is not None
+                            or self.args.save_strategy != SaveStrategy.NO):
+                raise CheckpointError(
+                    f"{self._checkpoint_dir} already holds checkpoints of another run ({os.path.basename(foreign[-1])}, ...); "
+                    "resume it with resume_from_checkpoint=True, or write to an empty folder"
+                )
         remove_stale_staging(self._checkpoint_dir)
         return super().train(
             resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
