@@ -212,3 +212,45 @@ def test_a_fresh_run_refuses_a_folder_holding_another_runs_checkpoints(dirs, ful
     with pytest.raises(CheckpointError, match="full already holds checkpoints of another run"):
         _build(dirs, 2).train(checkpoint_dir="full", checkpoint_interval=1)
     full_run.train(checkpoint_dir="full", checkpoint_interval=1)  # the same run may write there again
+
+
+def test_resume_between_two_logs_keeps_the_logged_values(dirs):
+    """A checkpoint at step 3 with logging every 2 steps: the log at step 4 averages steps 3 and 4 both ways."""
+    full = _build(dirs, 2, logging_steps=2)
+    full.train()
+    steps = _build(dirs, 2, logging_steps=2, save_strategy="steps", save_steps=3)
+    steps.train()
+    resumed = _build(dirs, 2, logging_steps=2, save_strategy="steps", save_steps=3)
+    resumed.train(resume_from_checkpoint="out/checkpoint-step-3")
+    assert _step_logs(full) == _step_logs(resumed) and len(_step_logs(full)) == 2
+
+
+class NumpyStateCallback(TrainerCallback):
+    def state_dict(self):
+        import numpy as np
+
+        return {"rng": np.random.get_state()}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def test_unloadable_user_state_is_refused_when_saving(dirs):
+    trainer = _build(dirs, 1, callbacks=[NumpyStateCallback()])
+    with pytest.raises(CheckpointError, match="holds objects a weights_only load cannot restore"):
+        trainer.train(checkpoint_dir="ck")
+    assert not [n for n in os.listdir("ck") if not n.startswith(".")]
+
+
+def test_a_checkpoint_replaced_mid_publish_is_put_back(dirs, full_run):
+    os.replace("full/checkpoint-2", "full/.old-checkpoint-2-deadbeef")  # crash between the two renames
+    os.makedirs("full/.tmp-checkpoint-2-cafebabe")
+    resumed = _build(dirs, 2)
+    resumed.train(resume_from_checkpoint=True, checkpoint_dir="full")
+    assert sorted(os.listdir("full")) == ["checkpoint-1", "checkpoint-2"]
+    assert resumed.state.global_step == 4 and _same_weights(full_run, resumed)
+
+
+def test_a_run_stopped_mid_epoch_gets_a_step_checkpoint(dirs):
+    _build(dirs, 2, max_steps=3).train(checkpoint_dir="ck", checkpoint_interval=1)
+    assert sorted(os.listdir("ck")) == ["checkpoint-1", "checkpoint-step-3"]

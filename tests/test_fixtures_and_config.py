@@ -60,7 +60,7 @@ def test_config_works_with_hf_argument_parser():
         (dict(advantage_mode="median"), "advantage_mode.*'median'"),
         (dict(scale_rewards="yes"), "scale_rewards.*'yes'"),
         (dict(loss_type="ppo"), "loss_type.*'ppo'"),
-        (dict(num_iterations=0), "num_iterations.*0"),
+        (dict(num_ppo_epochs=0), "num_ppo_epochs.*0"),
         (dict(beta=-1.0), "beta must be >= 0, got -1.0"),
     ],
 )

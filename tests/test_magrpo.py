@@ -150,7 +150,7 @@ def test_trainer_loop_still_calls_the_hooks_we_override():
 
 def test_rollout_reuse_clips_and_generates_once_per_iteration_group(qwen_dir, dataset):
     trainer = MAGRPOTrainer(agent_model=qwen_dir, reward_func=length_ratio_reward, train_dataset=dataset,
-                            args=_config(num_iterations=2, agent_learning_rate=1e-2))
+                            args=_config(num_ppo_epochs=2, agent_learning_rate=1e-2))
     calls = []
     original = trainer.rollout
     trainer.rollout = lambda batch: calls.append([b["prompt"] for b in batch]) or original(batch)
@@ -243,3 +243,21 @@ def test_log_completions_prints_a_sample_table(llama_dir, qwen_dir, dataset, cap
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step:")]
     assert len(lines) == 2 * 2  # two rows at each of the two logs
     assert all("prompt:" in line and "agent_0:" in line and "agent_1:" in line and "reward:" in line for line in lines)
+
+
+def test_generation_stops_at_every_configured_eos(qwen_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from comlrl_hf.rollout.generation import eos_token_ids, render_prompts
+
+    model, tok = AutoModelForCausalLM.from_pretrained(qwen_dir), AutoTokenizer.from_pretrained(qwen_dir)
+    model.generation_config.eos_token_id = [tok.eos_token_id, 7]
+    assert eos_token_ids(model, tok) == [tok.eos_token_id, 7]
+    with pytest.raises(ValueError, match="mix plain text and chat messages"):
+        render_prompts(tok, ["text", [{"role": "user", "content": "hi"}]])
+
+
+def test_bad_dtype_names_the_value(qwen_dir, dataset):
+    with pytest.raises(ValueError, match="model_config dtype 'float77' is not a torch dtype"):
+        MAGRPOTrainer(agent_model=qwen_dir, model_config={"dtype": "float77"}, reward_func=length_ratio_reward,
+                      train_dataset=dataset, args=_config())

@@ -107,3 +107,11 @@ def test_policy_loss_k3_kl():
     assert loss.item() == pytest.approx(0.5 * kl / 2)
     with pytest.raises(ValueError, match="needs ref_logps"):
         policy_loss(logps, logps, torch.tensor([0.0]), torch.ones(1, 2), beta=0.5)
+
+
+def test_zero_variance_groups_are_not_blown_up():
+    rewards = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 1.0]])
+    for mode in ("raw", "max", "mean", "rloo"):
+        advantages = group_advantages(rewards, mode, "group")
+        assert advantages.abs().max() < 10, (mode, advantages)
+    assert torch.equal(group_advantages(rewards, "raw", "group")[0], torch.ones(4))  # left unscaled

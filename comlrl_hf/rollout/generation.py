@@ -32,6 +32,9 @@ def render_prompts(tokenizer: PreTrainedTokenizerBase, prompts: Sequence[Prompt]
     """Conversations go through the tokenizer's chat template (TRL's convention); text stays as it is."""
     if all(isinstance(p, str) for p in prompts):
         return list(prompts), False
+    if any(isinstance(p, str) for p in prompts):
+        kinds = sorted({type(p).__name__ for p in prompts})
+        raise ValueError(f"one agent's prompts mix plain text and chat messages ({kinds}); a formatter must return one kind")
     for i, p in enumerate(prompts):
         if not (isinstance(p, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in p)):
             raise ValueError(
@@ -53,6 +56,16 @@ def completion_mask_from_eos(completion_ids: torch.Tensor, eos_token_id: int | S
     return (positions <= first_eos.unsqueeze(1)).long()
 
 
+def eos_token_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config EOS ids (chat models end turns with several)."""
+    ids = [tokenizer.eos_token_id]
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for token in configured if isinstance(configured, (list, tuple)) else [configured]:
+        if token is not None and token not in ids:
+            ids.append(int(token))
+    return ids
+
+
 @torch.no_grad()
 def generate_completions(
     model: torch.nn.Module,
@@ -64,6 +77,7 @@ def generate_completions(
     """Sample `num_generations` completions for every prompt in one `generate` call (eval mode, KV cache)."""
     texts, templated = render_prompts(tokenizer, prompts)
     device = next(model.parameters()).device
+    eos_ids = eos_token_ids(model, tokenizer)
     encoded = tokenizer(
         texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not templated
     ).to(device)
@@ -76,13 +90,13 @@ def generate_completions(
             input_ids=prompt_ids,
             attention_mask=prompt_mask,
             pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            eos_token_id=eos_ids,
             **generation_kwargs,
         )
     finally:
         model.train(was_training)
     completion_ids = sequences[:, prompt_ids.shape[1] :]
-    completion_mask = completion_mask_from_eos(completion_ids, tokenizer.eos_token_id)
+    completion_mask = completion_mask_from_eos(completion_ids, eos_ids)
     lengths = completion_mask.sum(dim=1).tolist()
     completions = tokenizer.batch_decode(
         [row[:n] for row, n in zip(completion_ids.tolist(), lengths)], skip_special_tokens=True

@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 from transformers import PreTrainedTokenizerBase, Trainer
 
 from ..models.multi_agent import MultiAgentModel
+from ..utils._trl_compat import disable_dropout_in_model
 from ..utils.model_sources import (
     check_vocab_fits,
     load_causal_lm,
@@ -110,6 +111,10 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
                 f"{type(self).__name__} needs args of type {self.config_class.__name__}, got {type(args).__name__}"
             )
         wandb_config = validate_wandb_config(wandb_config)
+        if args.world_size > 1:  # rollout reuse, RNG files and critic forwards are not yet distributed-safe
+            raise ValueError(
+                f"distributed training (world_size={args.world_size}) is not supported yet; run one process"
+            )
         if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
             raise ValueError(
                 f"{args.n_gpu} GPUs are visible to one process (nn.DataParallel), which comlrl_hf does not support; "
@@ -132,6 +137,9 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
             check_vocab_fits(model, tok, f"agents[{i}]")
         args.num_agents = count
         critics, layout = self._build_critics(models, tokenizers, args)
+        if args.disable_dropout:
+            for model in models + list(critics or []):
+                disable_dropout_in_model(model)
         container = MultiAgentModel(models, tokenizers, critics, layout)
         self.env_step = 0  # joint actions scored so far: the x-axis of every logged metric
         self._metrics: dict[str, list[float]] = defaultdict(list)
@@ -290,6 +298,8 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
         """Rollout, then forward+backward one agent at a time: one agent's activations live at a time, and
         activation checkpointing stays correct when agents share modules."""
         model.train()
+        if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers switch modes
+            self.optimizer.train()
         rollout = self._inputs_for_step(inputs)
         total = torch.zeros((), device=self.args.device)
         for i in range(self.num_agents):
@@ -302,15 +312,17 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
             loss = loss / self.current_gradient_accumulation_steps
             self.accelerator.backward(loss)
             total += loss.detach()
-        for loss in self.shared_losses(rollout):  # e.g. a centralized critic: once per step, not once per agent
+        for name, loss in self.shared_losses(rollout).items():  # e.g. a centralized critic: once per step
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"{name} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}")
             loss = loss / self.current_gradient_accumulation_steps
             self.accelerator.backward(loss)
             total += loss.detach()
         return total
 
-    def shared_losses(self, inputs: Any) -> list[torch.Tensor]:
-        """Losses that belong to no single agent (a centralized critic's); none by default."""
-        return []
+    def shared_losses(self, inputs: Any) -> dict[str, torch.Tensor]:
+        """Losses that belong to no single agent, by name (a centralized critic's); none by default."""
+        return {}
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         """The summed loss of all agents on prepared `inputs` (training uses one backward per agent instead)."""

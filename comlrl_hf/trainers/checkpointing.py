@@ -34,6 +34,7 @@ from ..utils.checkpoint import (
     publish,
     read_checkpoint_metadata,
     remove_stale_staging,
+    retire,
     staging_dir,
     verify_manifest,
     write_json,
@@ -51,16 +52,33 @@ RESUMABLE_CHANGES = {"num_train_epochs", "eval_do_sample", "log_completions", "n
 
 
 class EpochCheckpointCallback(TrainerCallback):
-    """Asks for a checkpoint at every `interval`-th completed epoch and at the last one."""
+    """Asks for a checkpoint at every `interval`-th completed epoch and at the last one (a run stopped
+    mid-epoch, e.g. by `max_steps`, gets a step checkpoint instead)."""
 
     def __init__(self, trainer, interval: int):
         self.trainer, self.interval = trainer, interval
 
     def on_epoch_end(self, args, state, control, **kwargs):
         completed = round(state.epoch)
-        if completed % self.interval == 0 or completed >= math.ceil(args.num_train_epochs) or control.should_training_stop:
+        whole = abs(state.epoch - completed) < 1e-6
+        if whole and (completed % self.interval == 0 or completed >= math.ceil(args.num_train_epochs)):
             control.should_save = True
             self.trainer._pending_epoch_checkpoint = True
+        elif control.should_training_stop:
+            control.should_save = True
+
+
+class _RestoreLogAccumulators(TrainerCallback):
+    """Trainer restarts its loss accumulator on resume; put back what the checkpoint had not logged yet, so
+    the first log after a mid-interval resume equals the uninterrupted run's."""
+
+    def __init__(self, trainer, pending_loss: float, last_logged_step: int):
+        self.trainer, self.pending_loss, self.last_logged_step = trainer, pending_loss, last_logged_step
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trainer._tr_loss += self.pending_loss
+        self.trainer._globalstep_last_logged = self.last_logged_step
+        self.trainer.remove_callback(self)
 
 
 def _sha(payload: Any) -> str:
@@ -76,12 +94,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
 
 
 def dataset_fingerprint(dataset) -> dict | None:
-    """Length plus a content hash (all rows up to 10,000, else 1,000 evenly spaced ones)."""
+    """Length plus a content hash of up to 1,000 evenly spaced rows (values that are not JSON count by type,
+    so objects whose text holds a memory address do not change the hash between runs)."""
     if dataset is None:
         return None
     n = len(dataset)
-    rows = range(n) if n <= 10_000 else range(0, n, max(1, n // 1000))
-    return {"length": n, "sha256": _sha([dataset[i] for i in rows])}
+    rows = range(0, n, max(1, n // 1000))
+    payload = json.dumps([dataset[i] for i in rows], sort_keys=True, default=lambda o: type(o).__name__)
+    return {"length": n, "sha256": hashlib.sha256(payload.encode()).hexdigest()}
 
 
 class CheckpointMixin:
@@ -110,14 +130,17 @@ class CheckpointMixin:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else self.args.output_dir
         self._checkpoint_total_limit = checkpoint_total_limit or self.args.save_total_limit
-        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, EpochCheckpointCallback)]:
+        remove_stale_staging(self._checkpoint_dir)  # before looking for the latest checkpoint
+        for callback in [c for c in self.callback_handler.callbacks if isinstance(c, (EpochCheckpointCallback, _RestoreLogAccumulators))]:
             self.remove_callback(callback)
         if checkpoint_dir is not None or checkpoint_interval is not None:
             self.add_callback(EpochCheckpointCallback(self, checkpoint_interval or 1))
         reuse = self.rollout_reuse_count()
+        if reuse > 1 and self.args.max_steps > 0 and self.args.max_steps % reuse:
+            raise ValueError(f"max_steps={self.args.max_steps} must be a multiple of num_ppo_epochs={reuse}")
         if reuse > 1 and self.args.save_strategy == SaveStrategy.STEPS and self.args.save_steps % reuse:
             raise ValueError(
-                f"save_steps={self.args.save_steps} must be a multiple of num_iterations={reuse}, so that "
+                f"save_steps={self.args.save_steps} must be a multiple of num_ppo_epochs={reuse}, so that "
                 "checkpoints never fall inside a reused rollout"
             )
         if resume_from_checkpoint is True:
@@ -140,7 +163,6 @@ class CheckpointMixin:
                     f"{self._checkpoint_dir} already holds checkpoints of another run ({os.path.basename(foreign[-1])}, ...); "
                     "resume it with resume_from_checkpoint=True, or write to an empty folder"
                 )
-        remove_stale_staging(self._checkpoint_dir)
         return super().train(
             resume_from_checkpoint=resume_from_checkpoint, trial=trial, ignore_keys_for_eval=ignore_keys_for_eval
         )
@@ -180,7 +202,9 @@ class CheckpointMixin:
         if not os.path.isdir(path):
             raise CheckpointError(f"checkpoint {path} does not exist")
         metadata = read_checkpoint_metadata(path)
-        verify_manifest(path, metadata.get("manifest") or {})
+        if not metadata.get("manifest"):
+            raise CheckpointError(f"checkpoint {path} has no file manifest; it cannot be verified")
+        verify_manifest(path, metadata["manifest"])
         expected = f"{type(self).__module__}.{type(self).__qualname__}"
         if metadata.get("trainer_class") != expected:
             raise CheckpointError(f"checkpoint {path} was written by {metadata.get('trainer_class')}, not {expected}")
@@ -195,7 +219,17 @@ class CheckpointMixin:
                 differences.append(f"config {key}: checkpoint {old!r}, now {new!r}")
         if differences:
             raise CheckpointError(f"cannot resume from {path}; it differs from this trainer in " + "; ".join(differences))
+        self._read_user_states(path)  # loaded now, so a bad file fails before any state changes
         return metadata
+
+    def _read_user_states(self, path: str) -> dict:
+        file = os.path.join(path, USER_STATE_NAME)
+        if not os.path.isfile(file):
+            return {}
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True)
+        except Exception as error:
+            raise CheckpointError(f"{file} cannot be loaded safely (weights_only=True): {error}") from error
 
     def _restore_runtime(self, metadata: dict[str, Any]) -> None:
         self.env_step = int(metadata["env_step"])
@@ -205,6 +239,8 @@ class CheckpointMixin:
         self._metrics.clear()
         for name, values in (metadata.get("metrics") or {}).items():
             self._metrics[name] = list(values)
+        self.add_callback(_RestoreLogAccumulators(
+            self, metadata.get("pending_loss", 0.0), metadata.get("last_logged_step", metadata["global_step"])))
 
     # ---- saving ----
     def _save_checkpoint(self, model, trial) -> None:
@@ -234,7 +270,16 @@ class CheckpointMixin:
         self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
         user_states = {name: obj.state_dict() for name, obj in self.stateful_objects().items()}
         if user_states:
-            torch.save(user_states, os.path.join(staging, USER_STATE_NAME))
+            path = os.path.join(staging, USER_STATE_NAME)
+            torch.save(user_states, path)
+            try:  # resume loads it with weights_only=True: refuse now what could not be loaded then
+                torch.load(path, map_location="cpu", weights_only=True)
+            except Exception as error:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise CheckpointError(
+                    f"the state_dict() of {sorted(user_states)} holds objects a weights_only load cannot restore "
+                    f"(use tensors, numbers, strings, lists and dicts): {error}"
+                ) from error
         write_json(os.path.join(staging, STATE_NAME), {
             "format_version": FORMAT_VERSION,
             "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -247,6 +292,8 @@ class CheckpointMixin:
             "run_id": getattr(self, "_run_id", None),
             "wandb": getattr(self, "wandb_identity", None),
             "metrics": {k: list(v) for k, v in self._metrics.items()},
+            "pending_loss": self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0,
+            "last_logged_step": getattr(self, "_globalstep_last_logged", self.state.global_step),
             "fingerprint": self.compatibility_fingerprint(),
             "manifest": file_manifest(staging),
         })
@@ -254,7 +301,7 @@ class CheckpointMixin:
         limit = self._checkpoint_total_limit
         if limit:
             for old in list_checkpoints(parent)[:-limit]:
-                shutil.rmtree(old, ignore_errors=True)
+                retire(old)
 
     # ---- loading ----
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
@@ -264,10 +311,9 @@ class CheckpointMixin:
             self._container.load_weights(resume_from_checkpoint)
         except (FileNotFoundError, ValueError) as error:
             raise CheckpointError(str(error)) from error
-        user_file = os.path.join(resume_from_checkpoint, USER_STATE_NAME)
-        if os.path.isfile(user_file):
-            states = torch.load(user_file, map_location="cpu", weights_only=True)
-            for name, obj in self.stateful_objects().items():
+        states = self._read_user_states(resume_from_checkpoint)
+        for name, obj in self.stateful_objects().items():
+            if name in states:
                 obj.load_state_dict(states[name])
 
 

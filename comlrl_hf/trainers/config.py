@@ -58,8 +58,9 @@ class MultiAgentConfig(TrainingArguments):
 
         loss_type (`str`, defaults to `"grpo"`): `"grpo"` (per-sequence token mean), `"dapo"` (token mean over
             the micro-batch) or `"dr_grpo"` (token sum / (sequences x max_new_tokens)).
-        num_iterations (`int`, defaults to `1`): optimizer passes per rollout batch; above 1 the ratio to the
-            sampling policy is clipped to [1 - epsilon, 1 + epsilon_high].
+        num_ppo_epochs (`int`, defaults to `1`): optimizer passes per rollout batch; above 1 the ratio to the
+            sampling policy is clipped to [1 - epsilon, 1 + epsilon_high]. (TRL's GRPOConfig calls this
+            `num_iterations`; here that name belongs to MARLHFIter's outer iterations, spec §5.)
         epsilon (`float`, defaults to `0.2`), epsilon_high (`float` or `None`: same as epsilon)
         beta (`float`, defaults to `0.0`): weight of the k3 KL to a frozen copy of each initial agent (0: no
             reference model is kept).
@@ -92,6 +93,9 @@ class MultiAgentConfig(TrainingArguments):
         default=False, metadata={"help": "Keep every dataset column so reward functions can read them."}
     )
 
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Turn dropout off in the agents (and critics), as TRL does, so on-policy ratios are 1."}
+    )
     shuffle_dataset: bool = field(
         default=True, metadata={"help": "Shuffle the prompts every epoch (seeded by seed + epoch)."}
     )
@@ -139,7 +143,7 @@ class MultiAgentConfig(TrainingArguments):
     loss_type: str = field(
         default="grpo", metadata={"help": f"Loss normalisation, one of {LOSS_TYPES}.", "choices": list(LOSS_TYPES)}
     )
-    num_iterations: int = field(default=1, metadata={"help": "Optimizer passes per rollout batch (mu)."})
+    num_ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per rollout batch (mu)."})
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the policy ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy (0 keeps no reference)."})
@@ -183,8 +187,8 @@ class MultiAgentConfig(TrainingArguments):
             positive_int("top_k", self.top_k, 0)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
-        if not isinstance(self.num_iterations, int) or self.num_iterations < 1:
-            raise ValueError(f"num_iterations must be an integer >= 1, got {self.num_iterations!r}")
+        if not isinstance(self.num_ppo_epochs, int) or self.num_ppo_epochs < 1:
+            raise ValueError(f"num_ppo_epochs must be an integer >= 1, got {self.num_ppo_epochs!r}")
         if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):
             raise ValueError(f"epsilon and epsilon_high must be > 0, got {self.epsilon!r} and {self.epsilon_high!r}")
         if not self.beta >= 0:

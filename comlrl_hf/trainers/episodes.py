@@ -68,7 +68,7 @@ class EpisodeMixin:
 
 
     def rollout_reuse_count(self) -> int:
-        return self.args.num_iterations
+        return self.args.num_ppo_epochs
 
     # ---- generation and scoring ----
     def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
@@ -96,7 +96,7 @@ class EpisodeMixin:
         with torch.no_grad():
             for turn in turns:
                 for i, r in enumerate(turn.agents):
-                    if self.args.num_iterations > 1:
+                    if self.args.num_ppo_epochs > 1:
                         r.old_logps, _ = completion_logps(self._agent_forward(i), *self._tensors(r), temperature=self.args.temperature)
                     if self.ref_agents is not None:
                         r.ref_logps, _ = completion_logps(self.ref_agents[i], *self._tensors(r), temperature=self.args.temperature)
@@ -159,12 +159,12 @@ class EpisodeMixin:
             return
         for row in rows:
             print(" | ".join(f"{k}: {str(v)[:80]!r}" if isinstance(v, str) else f"{k}: {v}" for k, v in row.items()))
-        if "wandb" in (self.args.report_to or []):
+        if self.wandb_identity is not None:  # our W&B callback opened (or joined) a run
             import wandb
 
-            if wandb.run is not None:
-                columns = list(rows[0])
-                wandb.log({"completions": wandb.Table(columns=columns, data=[[str(r[c]) for c in columns] for r in rows])})
+            columns = list(rows[0])
+            table = wandb.Table(columns=columns, data=[[str(r[c]) for c in columns] for r in rows])
+            wandb.log({"completions": table, "env_step": self.env_step}, step=self.env_step)
 
     @torch.no_grad()
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:

@@ -3,6 +3,6 @@
 Only positional arguments are used for `selective_log_softmax` (keyword arguments arrived in TRL 1.14).
 """
 
-from trl.trainer.utils import entropy_from_logits, selective_log_softmax
+from trl.trainer.utils import disable_dropout_in_model, entropy_from_logits, selective_log_softmax
 
-__all__ = ["entropy_from_logits", "selective_log_softmax"]
+__all__ = ["disable_dropout_in_model", "entropy_from_logits", "selective_log_softmax"]

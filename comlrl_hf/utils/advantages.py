@@ -9,7 +9,7 @@ completion $k$ gets the advantage $A_k = (R_k - b_k) / s$ where the baseline $b_
 - ``"rloo"`` (MARLOO):      $b_k = \frac1{K-1} \sum_{j \ne k} R_j$  (leave one out)
 
 and the scale $s$ is the standard deviation of the rewards of the group (``"group"``), of the whole
-batch (``"batch"``), or 1 (``"none"``). Unlike the original comlrl, the advantages are *not*
+batch (``"batch"``), or 1 (``"none"``; also used where that standard deviation is ~0). Unlike the original comlrl, the advantages are *not*
 re-centred after the baseline: z-normalising $A$ would make the four baselines identical.
 """
 
@@ -39,12 +39,14 @@ def group_advantages(rewards: torch.Tensor, mode: str = "mean", scale: str = "gr
     else:
         raise ValueError(f"advantage mode must be one of {ADVANTAGE_MODES}, got {mode!r}")
     advantages = rewards - baseline
-    if scale == "group":
-        std = rewards.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(baseline)
-        advantages = advantages / (std + eps)
-    elif scale == "batch":
-        std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
-        advantages = advantages / (std + eps)
+    if scale in ("group", "batch"):
+        if scale == "group":
+            std = rewards.std(dim=1, keepdim=True) if num_generations > 1 else torch.zeros_like(rewards[:, :1])
+        else:
+            std = rewards.std() if rewards.numel() > 1 else rewards.new_zeros(())
+        # A group whose rewards are all equal carries no scale: leave it unscaled rather than divide by ~0
+        # (with the "raw" or "max" baselines its advantages are not zero).
+        advantages = advantages / torch.where(std > eps, std + eps, torch.ones_like(std))
     elif scale != "none":
         raise ValueError(f"scale_rewards must be one of {SCALE_REWARDS}, got {scale!r}")
     return advantages

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
 import uuid
 from typing import Any
 
+logger = logging.getLogger(__name__)
 STATE_NAME = "comlrl_state.json"
 FORMAT_VERSION = 1
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(step-)?(\d+)$")
@@ -64,8 +66,8 @@ def list_checkpoints(directory: str | os.PathLike) -> list[str]:
         if _CHECKPOINT_RE.match(name) and os.path.isfile(os.path.join(path, STATE_NAME)):
             try:
                 found.append((read_checkpoint_metadata(path)["global_step"], name, path))
-            except (CheckpointError, KeyError):
-                continue
+            except (CheckpointError, KeyError) as error:
+                logger.warning("skipping %s: its metadata is unreadable (%s)", path, error)
     return [path for _, _, path in sorted(found)]
 
 
@@ -95,7 +97,7 @@ def file_manifest(directory: str) -> dict[str, str]:
 
 
 def verify_manifest(directory: str, manifest: dict[str, str]) -> None:
-    """Raise `CheckpointError` naming the first missing, extra or altered file."""
+    """Raise `CheckpointError` naming the first missing or altered file of the manifest."""
     for rel, expected in manifest.items():
         path = os.path.join(directory, *rel.split("/"))
         if not os.path.isfile(path):
@@ -142,12 +144,28 @@ def publish(staging: str, final: str) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def retire(path: str) -> None:
+    """Remove a checkpoint: renamed out of the checkpoint namespace first, so a crash mid-delete never leaves
+    a partial folder under a checkpoint name."""
+    doomed = os.path.join(os.path.dirname(path), f".del-{os.path.basename(path)}-{uuid.uuid4().hex[:8]}")
+    os.replace(path, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def remove_stale_staging(directory: str) -> None:
-    """Temporary folders left by a crash mid-write are never resumed from; clear them."""
-    if os.path.isdir(directory):
-        for name in os.listdir(directory):
-            if name.startswith((".tmp-checkpoint", ".old-checkpoint")):
-                shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+    """Clear what a crash mid-write left: temporary and half-deleted folders go; a replaced checkpoint whose
+    successor never got its name (a crash between the two renames of `publish`) is put back."""
+    if not os.path.isdir(directory):
+        return
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if name.startswith(".old-checkpoint-"):
+            original = os.path.join(directory, name[len(".old-"):].rsplit("-", 1)[0])
+            if not os.path.exists(original):
+                os.replace(path, original)
+                continue
+        if name.startswith((".tmp-checkpoint-", ".old-checkpoint-", ".del-checkpoint-")):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def write_json(path: str, payload: dict) -> None:

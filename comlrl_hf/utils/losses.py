@@ -12,7 +12,7 @@ prompt and padding never count. Normalisation (``loss_type``):
 - ``"dapo"``: sum over all tokens / number of tokens in the micro-batch;
 - ``"dr_grpo"``: sum over all tokens / (sequences x max_new_tokens), free of any length bias.
 
-When a rollout is used once (``num_iterations=1``) ``old_logps`` is the detached current log-prob, so
+When a rollout is used once (``num_ppo_epochs=1``) ``old_logps`` is the detached current log-prob, so
 $\rho = 1$ and the gradient is the plain policy gradient $-A \nabla \log \pi$.
 """
 

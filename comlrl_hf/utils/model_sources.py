@@ -114,7 +114,11 @@ def load_causal_lm(source: ModelSource, model_config: dict | None = None) -> Pre
     kwargs = dict(model_config.get("model_kwargs") or {})
     dtype = model_config.get("dtype", model_config.get("torch_dtype"))
     if dtype is not None:
-        kwargs["dtype"] = getattr(torch, dtype) if isinstance(dtype, str) and dtype != "auto" else dtype
+        if isinstance(dtype, str) and dtype != "auto":
+            if not isinstance(getattr(torch, dtype, None), torch.dtype):
+                raise ValueError(f"model_config dtype {dtype!r} is not a torch dtype (e.g. 'float32', 'bfloat16', 'auto')")
+            dtype = getattr(torch, dtype)
+        kwargs["dtype"] = dtype
     if "attn_implementation" in model_config:
         kwargs["attn_implementation"] = model_config["attn_implementation"]
     return AutoModelForCausalLM.from_pretrained(source, **kwargs)

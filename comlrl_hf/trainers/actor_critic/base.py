@@ -15,7 +15,7 @@ import torch
 
 from ...models.value_head import attach_value_head, token_values
 from ...rollout.generation import AgentRollout
-from ...rollout.multiturn import TurnRollout
+from ...rollout.multiturn import TurnRollout, discounted_returns
 from ...utils.advantages import tree_gae
 from ...utils.losses import value_loss
 from ...utils.model_sources import check_vocab_fits, load_causal_lm
@@ -97,11 +97,12 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 turn.advantages.append(a)
                 targets[t][i], old_values[t][i] = tgt[t], values[t][i]
             self.record_metric(f"agent_{i}/value_mean", torch.cat([v[i] for v in values]).mean())
+        returns = discounted_returns([turn.rewards for turn in turns], [turn.children for turn in turns], args.discount)
         for t, turn in enumerate(turns):
             self.env_step += turn.rewards.numel()
             if args.num_turns > 1:
                 self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
-                self.record_metric(f"turn_{t + 1}/expected_return", targets[t][0].mean())
+                self.record_metric(f"turn_{t + 1}/expected_return", returns[t].mean())
         self.attach_sampling_logps(turns)
         self.record_metric("reward", turns[0].rewards.mean())
         self.record_metric("reward_std", turns[0].rewards.std() if turns[0].rewards.numel() > 1 else 0.0)

@@ -77,7 +77,7 @@ class MAACTrainer(ActorCriticTrainer):
     def agent_loss(self, agent_index: int, inputs: ActorCriticRollout) -> torch.Tensor:
         return self.policy_loss_over_turns(agent_index, inputs.turns)
 
-    def shared_losses(self, inputs: ActorCriticRollout) -> list[torch.Tensor]:
+    def shared_losses(self, inputs: ActorCriticRollout) -> dict[str, torch.Tensor]:
         value = self.critic_value_loss(inputs, 0)
         self.record_metric("critic/value_loss", value.detach())
-        return [self.args.value_loss_coef * value]
+        return {"the centralized critic": self.args.value_loss_coef * value}
