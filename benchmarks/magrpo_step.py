@@ -6,7 +6,8 @@
 The workload is fixed: 2 agents, `--prompts` prompts per step, K = `--num-generations` samples per agent per
 prompt, and every completion exactly `--tokens` long (min_new_tokens == max_new_tokens), for `--warmup` + `--steps`
 optimizer steps; only the last `--steps` are timed. Generation is timed on its own by wrapping
-`generate_completions` (here only, by monkeypatching the name the trainer calls).
+`comlrl_hf.rollout.generation.generate_completions` (here only: every comlrl_hf module that imported the
+function gets the timed wrapper).
 
 Figures:
     env-steps/s   joint actions scored per second of whole optimizer steps (rollout + loss + backward + AdamW)
@@ -32,7 +33,8 @@ from datasets import Dataset  # noqa: E402
 from transformers import PrinterCallback, TrainerCallback  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-import comlrl_hf.trainers.reinforce.magrpo as magrpo_module  # noqa: E402
+import comlrl_hf.rollout.generation as generation_module  # noqa: E402
+from comlrl_hf.rewards import length_ratio_reward  # noqa: E402
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -42,10 +44,6 @@ PROMPTS = [
     "Write a bedtime story for a dragon:",
     "Design a playground on Mars:",
 ]
-
-
-def length_ratio_reward(completions1, completions2):
-    return [min(len(b) / max(len(a), 1), 3.0) for a, b in zip(completions1, completions2)]
 
 
 class Timers:
@@ -94,6 +92,19 @@ class StepClock(TrainerCallback):
             self.t1, self.env1 = time.perf_counter(), self.trainer.env_step
 
 
+def patch_generation(timers: Timers) -> None:
+    """Replace `generate_completions` in every loaded comlrl_hf module that imported it by name."""
+    original = generation_module.generate_completions
+    timed = timers.wrap(original)
+    patched = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("comlrl_hf") and getattr(module, "generate_completions", None) is original:
+            module.generate_completions = timed
+            patched.append(name)
+    if len(patched) < 2:  # the defining module and at least one caller
+        raise RuntimeError(f"found no caller of generate_completions to time (patched: {patched})")
+
+
 def sync():
     if torch.cuda.is_available():
         torch.cuda.synchronize()
@@ -119,7 +130,7 @@ def model_pair(name: str, workdir: str) -> tuple[list[str], str]:
 def run(args) -> str:
     torch.manual_seed(args.seed)
     timers = Timers()
-    magrpo_module.generate_completions = timers.wrap(magrpo_module.generate_completions)
+    patch_generation(timers)
     with tempfile.TemporaryDirectory() as workdir:
         paths, label = model_pair(args.model, workdir)
         prompts = (PROMPTS * ((args.prompts + len(PROMPTS) - 1) // len(PROMPTS)))[: args.prompts]

