@@ -1,7 +1,8 @@
-"""Throughput of one MAGRPO workload: env-steps/s, generation tokens/s and peak memory.
+"""Throughput of one fixed workload (MAGRPO, or IAC/MAAC with `--trainer`): env-steps/s, generation tokens/s and peak memory.
 
     python benchmarks/magrpo_step.py --model tiny       # a Qwen2 + a Llama tiny random model (heterogeneous pair)
     python benchmarks/magrpo_step.py --model smollm2    # 2 x SmolLM2-135M-Instruct (see examples/smollm2.py)
+    python benchmarks/magrpo_step.py --trainer iac      # or maac: the actor-critic trainers on the same workload
 
 The workload is fixed: 2 agents, `--prompts` prompts per step, K = `--num-generations` samples per agent per
 prompt, and every completion exactly `--tokens` long (min_new_tokens == max_new_tokens), for `--warmup` + `--steps`
@@ -35,7 +36,17 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 
 import comlrl_hf.rollout.generation as generation_module  # noqa: E402
 from comlrl_hf.rewards import length_ratio_reward  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+from comlrl_hf.trainers.actor_critic import IACConfig, IACTrainer, MAACConfig, MAACTrainer  # noqa: E402
 from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+
+# name -> (config, trainer, extra constructor arguments from the agents' model paths)
+TRAINERS = {
+    "magrpo": (MAGRPOConfig, MAGRPOTrainer, {}),
+    "iac": (IACConfig, IACTrainer, lambda paths: {"critics": list(paths)}),
+    "maac": (MAACConfig, MAACTrainer, lambda paths: {"critic_model": paths[0]}),
+}
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROMPTS = [
@@ -134,7 +145,10 @@ def run(args) -> str:
     with tempfile.TemporaryDirectory() as workdir:
         paths, label = model_pair(args.model, workdir)
         prompts = (PROMPTS * ((args.prompts + len(PROMPTS) - 1) // len(PROMPTS)))[: args.prompts]
-        config = MAGRPOConfig(
+        config_cls, trainer_cls, extra = TRAINERS[args.trainer]
+        if args.trainer != "magrpo":
+            extra = dict(extra(paths), tokenizer=[AutoTokenizer.from_pretrained(p) for p in paths])
+        config = config_cls(
             output_dir=os.path.join(workdir, "out"),
             max_steps=args.warmup + args.steps,
             per_device_train_batch_size=args.prompts,
@@ -153,9 +167,9 @@ def run(args) -> str:
         )
         clock = StepClock(timers, args.warmup)
         t_load = time.perf_counter()
-        trainer = MAGRPOTrainer(
+        trainer = trainer_cls(
             agents=paths, reward_func=length_ratio_reward, train_dataset=Dataset.from_dict({"prompt": prompts}),
-            args=config, callbacks=[clock],
+            args=config, callbacks=[clock], **(extra if isinstance(extra, dict) else {}),
         )
         load_s = time.perf_counter() - t_load
         clock.trainer = trainer
@@ -170,7 +184,7 @@ def run(args) -> str:
         cuda = f"  peak CUDA {torch.cuda.max_memory_allocated() / 2**20:.0f} MiB"
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU x{torch.get_num_threads()} threads"
     return (
-        f"[{args.model}] {label} | {device} | {args.prompts} prompts x K={args.num_generations} x {args.tokens} tok, "
+        f"[{args.model}/{args.trainer}] {label} | {device} | {args.prompts} prompts x K={args.num_generations} x {args.tokens} tok, "
         f"{args.steps} steps (+{args.warmup} warm-up): {env_steps / step_s:.2f} env-steps/s, "
         f"{step_s / args.steps:.2f} s/step, gen {timers.gen_tokens / timers.gen_s:.0f} tok/s "
         f"({timers.gen_s / step_s:.0%} of step), load {load_s:.1f} s, peak RSS {rss_mib:.0f} MiB{cuda}"
@@ -180,6 +194,8 @@ def run(args) -> str:
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--trainer", choices=sorted(TRAINERS), default="magrpo",
+                   help="magrpo, or an actor-critic trainer (IAC: separate critics on the agents' models; MAAC: one)")
     p.add_argument("--prompts", type=int, default=2, help="prompts per optimizer step")
     p.add_argument("--num-generations", type=int, default=4, help="K")
     p.add_argument("--tokens", type=int, default=32, help="forced completion length")

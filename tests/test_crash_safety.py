@@ -54,8 +54,11 @@ SCRIPT = textwrap.dedent(
         checkpointing.write_json = after(2, checkpointing.write_json)
     elif point == "publish":  # second checkpoint: fsynced, not yet renamed
         checkpointing.publish = after(2, checkpointing.publish)
-    elif point == "rotation":  # third checkpoint published, the oldest not yet rotated away
-        checkpointing.list_checkpoints = after(3, checkpointing.list_checkpoints)
+    elif point == "rotation":  # third checkpoint published; the oldest renamed away but not yet deleted
+        def half_retire(path):
+            os.replace(path, os.path.join(os.path.dirname(path), ".del-" + os.path.basename(path) + "-x"))
+            die()
+        checkpointing.retire = half_retire
     trainer.train(checkpoint_dir=ckpt_dir, checkpoint_interval=1, checkpoint_total_limit=2)
     """
 )
@@ -68,7 +71,7 @@ SCRIPT = textwrap.dedent(
         ("agent-weights", ["checkpoint-1"]),
         ("metadata", ["checkpoint-1"]),
         ("publish", ["checkpoint-1"]),
-        ("rotation", ["checkpoint-1", "checkpoint-2", "checkpoint-3"]),
+        ("rotation", ["checkpoint-2", "checkpoint-3"]),
     ],
 )
 def test_sigkill_leaves_only_complete_checkpoints(point, expected, llama_dir, qwen_dir, tmp_path):

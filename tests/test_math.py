@@ -115,3 +115,18 @@ def test_zero_variance_groups_are_not_blown_up():
         advantages = group_advantages(rewards, mode, "group")
         assert advantages.abs().max() < 10, (mode, advantages)
     assert torch.equal(group_advantages(rewards, "raw", "group")[0], torch.ones(4))  # left unscaled
+
+
+def test_logits_to_keep_gives_the_same_log_probs():
+    from comlrl_hf.testing import build_tiny_model, build_tokenizer
+    from comlrl_hf.utils.logprobs import completion_logps
+
+    tok = build_tokenizer("bpe")
+    model = build_tiny_model("qwen2", tok).eval()
+    enc = tok(["Describe a city in the clouds: once upon", "hi"], return_tensors="pt", padding=True, padding_side="left")
+    completion = torch.randint(3, 300, (2, 5), generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    full, _ = completion_logps(model, enc.input_ids, enc.attention_mask, completion, mask, temperature=0.7)
+    kept, _ = completion_logps(model, enc.input_ids, enc.attention_mask, completion, mask, temperature=0.7,
+                               keep_logits_only_for_completion=True)
+    assert torch.equal(full, kept)

@@ -5,6 +5,7 @@ clipped policy loss over turns, the sample table and evaluation. Algorithms only
 from __future__ import annotations
 
 import copy
+import inspect
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -97,11 +98,23 @@ class EpisodeMixin:
             for turn in turns:
                 for i, r in enumerate(turn.agents):
                     if self.args.num_ppo_epochs > 1:
-                        r.old_logps, _ = completion_logps(self._agent_forward(i), *self._tensors(r), temperature=self.args.temperature)
+                        r.old_logps, _ = self._logps(i, r)
                     if self.ref_agents is not None:
-                        r.ref_logps, _ = completion_logps(self.ref_agents[i], *self._tensors(r), temperature=self.args.temperature)
+                        r.ref_logps, _ = self._logps(i, r, model=self.ref_agents[i])
 
     # ---- loss ----
+    def _logps(self, agent_index: int, r: AgentRollout, model=None, with_entropy: bool = False):
+        """Per-token log-probs of agent `agent_index`'s rows under its policy (or `model`, e.g. the reference)."""
+        agent = self.agents[agent_index]
+        cache = self.__dict__.setdefault("_keeps_logits", {})
+        if agent_index not in cache:  # models whose forward takes `logits_to_keep` skip the prompt's LM-head work
+            cache[agent_index] = "logits_to_keep" in inspect.signature(agent.forward).parameters
+        return completion_logps(
+            model if model is not None else self._agent_forward(agent_index), *self._tensors(r),
+            temperature=self.args.temperature, with_entropy=with_entropy,
+            keep_logits_only_for_completion=cache[agent_index],
+        )
+
     def _agent_forward(self, agent_index: int):
         return partial(self.model_wrapped, agent_index)
 
@@ -116,9 +129,7 @@ class EpisodeMixin:
         losses, weights, diagnostics = [], [], {}
         for turn in turns:
             r = turn.agents[agent_index]
-            logps, entropy = completion_logps(
-                self._agent_forward(agent_index), *self._tensors(r), temperature=args.temperature, with_entropy=True
-            )
+            logps, entropy = self._logps(agent_index, r, with_entropy=True)
             old_logps = r.old_logps if r.old_logps is not None else logps.detach()
             loss, stats = policy_loss(
                 logps, old_logps, turn.advantages[agent_index], r.completion_mask,
