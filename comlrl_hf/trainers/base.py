@@ -143,7 +143,7 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
         container = MultiAgentModel(models, tokenizers, critics, layout)
         self.env_step = 0  # joint actions scored so far: the x-axis of every logged metric
         self._metrics: dict[str, list[float]] = defaultdict(list)
-        self._agent_grad_norms: list[float] | None = None
+        self._agent_grad_norms: dict[str, float] | None = None
         self._rollout_cache: list[Any] = []
         self._micro_step = 0
         self.wandb_identity: dict | None = None  # {"id", "project", "entity"} once a W&B run is open
