@@ -67,7 +67,6 @@ class EpisodeMixin:
         ref.requires_grad_(False)
         return ref
 
-
     def rollout_reuse_count(self) -> int:
         return self.args.num_ppo_epochs
 
@@ -91,6 +90,23 @@ class EpisodeMixin:
             early_termination_threshold=threshold, external_prompt_passthrough=self.args.external_prompt_passthrough,
         )
 
+
+    def finish_rollout(self, turns: list[TurnRollout], returns: list[torch.Tensor], actions) -> None:
+        """What every algorithm does once its advantages are set: count env steps, attach the sampling and
+        reference log-probs, and record the rollout's metrics and sample rows."""
+        for t, (turn, G) in enumerate(zip(turns, returns)):
+            self.env_step += turn.rewards.numel()
+            if self.args.num_turns > 1:
+                self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
+                self.record_metric(f"turn_{t + 1}/expected_return", G.mean())
+        self.attach_sampling_logps(turns)
+        first = turns[0].rewards
+        self.record_metric("reward", first.mean())
+        self.record_metric("reward_std", first.std() if first.numel() > 1 else 0.0)
+        for i in range(len(turns[0].agents)):
+            lengths = torch.cat([turn.agents[i].completion_lengths.float() for turn in turns])
+            self.record_metric(f"agent_{i}/completion_length", lengths.mean())
+        self._last_samples = self._sample_rows(turns[0], actions)
 
     def attach_sampling_logps(self, turns: list[TurnRollout]) -> None:
         """Log-probs of the sampling policy (ratio clipping) and of the reference (KL), when needed."""

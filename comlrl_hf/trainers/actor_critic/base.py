@@ -98,18 +98,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 targets[t][i], old_values[t][i] = tgt[t], values[t][i]
             self.record_metric(f"agent_{i}/value_mean", torch.cat([v[i] for v in values]).mean())
         returns = discounted_returns([turn.rewards for turn in turns], [turn.children for turn in turns], args.discount)
-        for t, turn in enumerate(turns):
-            self.env_step += turn.rewards.numel()
-            if args.num_turns > 1:
-                self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
-                self.record_metric(f"turn_{t + 1}/expected_return", returns[t].mean())
-        self.attach_sampling_logps(turns)
-        self.record_metric("reward", turns[0].rewards.mean())
-        self.record_metric("reward_std", turns[0].rewards.std() if turns[0].rewards.numel() > 1 else 0.0)
-        for i in range(self.num_agents):
-            lengths = torch.cat([turn.agents[i].completion_lengths.float() for turn in turns])
-            self.record_metric(f"agent_{i}/completion_length", lengths.mean())
-        self._last_samples = self._sample_rows(turns[0], [(k,) * self.num_agents for k in range(K)])
+        self.finish_rollout(turns, returns, [(k,) * self.num_agents for k in range(K)])
         return ActorCriticRollout(turns, targets, old_values)
 
     # ---- losses ----

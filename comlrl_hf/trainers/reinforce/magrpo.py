@@ -62,24 +62,13 @@ class MAGRPOTrainer(MultiAgentTrainer):
         turns = self._roll_out(batch, K, args.joint_mode, args.early_termination_threshold, do_sample=True)
         returns = discounted_returns([t.rewards for t in turns], [t.children for t in turns], args.discount)
         actions = joint_actions(K, self.num_agents, args.joint_mode)
-        for t, (turn, G) in enumerate(zip(turns, returns)):
-            self.env_step += turn.rewards.numel()
+        for turn, G in zip(turns, returns):
             credit = torch.stack([credit_to_agents(g, actions, K) for g in G])  # [nodes, N, K]
             turn.advantages = [
                 group_advantages(credit[:, i], args.advantage_mode, args.scale_rewards).reshape(-1).to(args.device)
                 for i in range(self.num_agents)
             ]
-            if args.num_turns > 1:
-                self.record_metric(f"turn_{t + 1}/reward_mean", turn.rewards.mean())
-                self.record_metric(f"turn_{t + 1}/expected_return", G.mean())
-        self.attach_sampling_logps(turns)
-        first = turns[0].rewards
-        self.record_metric("reward", first.mean())
-        self.record_metric("reward_std", first.std() if first.numel() > 1 else 0.0)
-        for i in range(self.num_agents):
-            lengths = torch.cat([turn.agents[i].completion_lengths.float() for turn in turns])
-            self.record_metric(f"agent_{i}/completion_length", lengths.mean())
-        self._last_samples = self._sample_rows(turns[0], actions)
+        self.finish_rollout(turns, returns, actions)
         return JointRollout(turns)
 
     def agent_loss(self, agent_index: int, inputs: JointRollout) -> torch.Tensor:
