@@ -6,7 +6,8 @@ from .models import MultiAgentModel
 from .trainers import (
     IACConfig, IACTrainer, MAACConfig, MAACTrainer,
     MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MAReMaxConfig, MAReMaxTrainer,
-    MARLOOConfig, MARLOOTrainer, MultiAgentConfig, MultiAgentTrainer,
+    MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer, MARLOOConfig, MARLOOTrainer,
+    MultiAgentConfig, MultiAgentTrainer,
 )
 
 __all__ = [
@@ -14,4 +15,5 @@ __all__ = [
     "MultiAgentModel", "MultiAgentConfig", "MultiAgentTrainer",
     "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
     "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",
+    "MARLHFConfig", "MARLHFTrainer", "MARLHFIterConfig", "MARLHFIterTrainer",
 ]

@@ -9,6 +9,7 @@ from comlrl_hf import MAGRPOConfig, MAREINFORCEConfig, MAReMaxConfig, MARLOOConf
 from comlrl_hf.rollout.generation import completion_mask_from_eos
 from comlrl_hf.utils.advantages import group_advantages
 from comlrl_hf.utils.losses import policy_loss
+from comlrl_hf.utils.preference import bradley_terry_loss, select_pairs
 
 R = torch.tensor([[1.0, 2.0, 3.0, 6.0]])  # mean 3, max 6, sample std sqrt(14/3)
 STD = math.sqrt(14 / 3)
@@ -130,3 +131,31 @@ def test_logits_to_keep_gives_the_same_log_probs():
     kept, _ = completion_logps(model, enc.input_ids, enc.attention_mask, completion, mask, temperature=0.7,
                                keep_logits_only_for_completion=True)
     assert torch.equal(full, kept)
+
+
+# ---- preference learning ----
+
+
+def test_pairs_by_reward_gap_drop_ties_and_order_by_gap():
+    rewards = [0.5, 0.1, 0.5, 0.9]
+    everything = select_pairs(rewards, "all", None)
+    assert set(everything) == {(0, 1), (2, 1), (3, 0), (3, 1), (3, 2)}  # (0, 2) and (2, 0) tie
+    assert select_pairs(rewards, "reward_gap", 3) == [(3, 1), (0, 1), (2, 1)]  # gaps .8, .4, .4 (index order)
+    assert select_pairs([1.0, 1.0, 1.0], "reward_gap", 4) == []
+
+
+def test_random_pairs_are_a_seeded_subset():
+    rewards = [0.0, 1.0, 2.0, 3.0, 4.0]
+    picks = [select_pairs(rewards, "random", 4, torch.Generator().manual_seed(s)) for s in (0, 0, 1)]
+    assert picks[0] == picks[1] != picks[2]
+    assert len(picks[0]) == 4 and all(rewards[w] > rewards[l] for w, l in picks[0])
+    with pytest.raises(ValueError, match="pair_selection must be one of"):
+        select_pairs(rewards, "best", 1)
+
+
+def test_bradley_terry_loss_by_hand():
+    chosen, rejected = torch.tensor([2.0, 0.0, -1.0]), torch.tensor([0.0, 1.0, -1.0])
+    loss, accuracy = bradley_terry_loss(chosen, rejected)
+    margins = [2.0, -1.0, 0.0]
+    expected = sum(math.log(1 + math.exp(-m)) for m in margins) / 3
+    assert loss.item() == pytest.approx(expected) and accuracy.item() == pytest.approx(1 / 3)

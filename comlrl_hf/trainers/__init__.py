@@ -1,6 +1,7 @@
 from .actor_critic import ActorCriticConfig, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from .base import MultiAgentTrainer
 from .config import MultiAgentConfig
+from .preference import MARLHFConfig, MARLHFIterConfig, MARLHFIterTrainer, MARLHFTrainer
 from .reinforce import (
     MAGRPOConfig, MAGRPOTrainer, MAREINFORCEConfig, MAREINFORCETrainer, MAReMaxConfig, MAReMaxTrainer,
     MARLOOConfig, MARLOOTrainer,
@@ -11,4 +12,5 @@ __all__ = [
     "MultiAgentConfig", "MultiAgentTrainer",
     "MAGRPOConfig", "MAGRPOTrainer", "MAREINFORCEConfig", "MAREINFORCETrainer",
     "MAReMaxConfig", "MAReMaxTrainer", "MARLOOConfig", "MARLOOTrainer",
+    "MARLHFConfig", "MARLHFTrainer", "MARLHFIterConfig", "MARLHFIterTrainer",
 ]

@@ -48,7 +48,10 @@ MATCHED_TRAINING_ARGS = (
     "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "optim", "seed", "bf16", "fp16",
 )
 # What the spec lets change between the run and its resume: length, devices, logging and evaluation.
-RESUMABLE_CHANGES = {"num_train_epochs", "eval_do_sample", "log_completions", "num_completions_to_print", "agent_devices"}
+RESUMABLE_CHANGES = {
+    "num_train_epochs", "num_iterations", "eval_do_sample", "log_completions", "num_completions_to_print", "agent_devices",
+    "reward_model_device",
+}
 
 
 class EpochCheckpointCallback(TrainerCallback):
@@ -246,7 +249,7 @@ class CheckpointMixin:
     def _save_checkpoint(self, model, trial) -> None:
         kind = "epoch" if self._pending_epoch_checkpoint else "step"
         self._pending_epoch_checkpoint = False
-        count = round(self.state.epoch) if kind == "epoch" else self.state.global_step
+        count = self._checkpoint_count(kind)
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
         if not self.args.should_save:
@@ -280,6 +283,7 @@ class CheckpointMixin:
                     f"the state_dict() of {sorted(user_states)} holds objects a weights_only load cannot restore "
                     f"(use tensors, numbers, strings, lists and dicts): {error}"
                 ) from error
+        extra = self._save_extra_state(staging)
         write_json(os.path.join(staging, STATE_NAME), {
             "format_version": FORMAT_VERSION,
             "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
@@ -295,6 +299,7 @@ class CheckpointMixin:
             "pending_loss": self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0,
             "last_logged_step": getattr(self, "_globalstep_last_logged", self.state.global_step),
             "fingerprint": self.compatibility_fingerprint(),
+            "extra": extra,
             "manifest": file_manifest(staging),
         })
         publish(staging, os.path.join(parent, name))
@@ -302,6 +307,14 @@ class CheckpointMixin:
         if limit:
             for old in list_checkpoints(parent)[:-limit]:
                 retire(old)
+
+    def _checkpoint_count(self, kind: str) -> int:
+        """K of `checkpoint-K` (completed epochs) or N of `checkpoint-step-N`."""
+        return round(self.state.epoch) if kind == "epoch" else self.state.global_step
+
+    def _save_extra_state(self, staging: str) -> dict:
+        """Trainer-specific files written into the checkpoint before its manifest; returns metadata."""
+        return {}
 
     # ---- loading ----
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:

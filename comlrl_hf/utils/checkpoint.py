@@ -65,10 +65,12 @@ def list_checkpoints(directory: str | os.PathLike) -> list[str]:
         path = os.path.join(directory, name)
         if _CHECKPOINT_RE.match(name) and os.path.isfile(os.path.join(path, STATE_NAME)):
             try:
-                found.append((read_checkpoint_metadata(path)["global_step"], name, path))
+                metadata = read_checkpoint_metadata(path)
+                # stages of preference trainers share a global_step; their boundary count orders them
+                found.append((metadata["global_step"], int(metadata.get("boundary") or 0), name, path))
             except (CheckpointError, KeyError) as error:
                 logger.warning("skipping %s: its metadata is unreadable (%s)", path, error)
-    return [path for _, _, path in sorted(found)]
+    return [path for *_, path in sorted(found)]
 
 
 def latest_checkpoint(directory: str | os.PathLike) -> str | None:

@@ -110,6 +110,11 @@ def load_causal_lm(source: ModelSource, model_config: dict | None = None) -> Pre
     """A loaded model as given, or `AutoModelForCausalLM.from_pretrained(source, ...)`."""
     if isinstance(source, torch.nn.Module):
         return source
+    return AutoModelForCausalLM.from_pretrained(source, **load_kwargs(model_config))
+
+
+def load_kwargs(model_config: dict | None) -> dict:
+    """`from_pretrained` keyword arguments from the trainer's `model_config`."""
     model_config = model_config or {}
     kwargs = dict(model_config.get("model_kwargs") or {})
     dtype = model_config.get("dtype", model_config.get("torch_dtype"))
@@ -121,7 +126,7 @@ def load_causal_lm(source: ModelSource, model_config: dict | None = None) -> Pre
         kwargs["dtype"] = dtype
     if "attn_implementation" in model_config:
         kwargs["attn_implementation"] = model_config["attn_implementation"]
-    return AutoModelForCausalLM.from_pretrained(source, **kwargs)
+    return kwargs
 
 
 def resolve_tokenizers(

@@ -29,22 +29,27 @@ class ActorCriticConfig(MultiAgentConfig):
     normalize_advantages: bool = field(default=True, metadata={"help": "Z-score advantages per agent and turn."})
 
     def __post_init__(self):
-        self.critic_type = str(self.critic_type).lower()
-        if self.critic_type not in ("v", "q"):
-            raise ValueError(f"critic_type must be 'v' or 'q', got {self.critic_type!r}")
-        if self.num_turns > 1 and self.num_generations != 1:
-            raise ValueError(
-                f"multi-turn actor-critic (num_turns={self.num_turns}) needs num_generations=1, got {self.num_generations}"
-            )
-        if self.joint_mode != "aligned":
-            raise ValueError(f"actor-critic trainers use joint_mode='aligned', got {self.joint_mode!r}")
-        if not 0 <= self.gae_lambda <= 1:
-            raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda!r}")
-        if not self.value_loss_coef > 0:
-            raise ValueError(f"value_loss_coef must be > 0, got {self.value_loss_coef!r}")
-        if self.value_clip_range is not None and not self.value_clip_range > 0:
-            raise ValueError(f"value_clip_range must be > 0 or None, got {self.value_clip_range!r}")
+        check_actor_critic_fields(self)
         super().__post_init__()
+
+
+def check_actor_critic_fields(self) -> None:
+    """The actor-critic rules (shared with MARLHF's `rl_algorithm="iac"|"maac"`)."""
+    self.critic_type = str(self.critic_type).lower()
+    if self.critic_type not in ("v", "q"):
+        raise ValueError(f"critic_type must be 'v' or 'q', got {self.critic_type!r}")
+    if self.num_turns > 1 and self.num_generations != 1:
+        raise ValueError(
+            f"multi-turn actor-critic (num_turns={self.num_turns}) needs num_generations=1, got {self.num_generations}"
+        )
+    if self.joint_mode != "aligned":
+        raise ValueError(f"actor-critic trainers use joint_mode='aligned', got {self.joint_mode!r}")
+    if not 0 <= self.gae_lambda <= 1:
+        raise ValueError(f"gae_lambda must be in [0, 1], got {self.gae_lambda!r}")
+    if not self.value_loss_coef > 0:
+        raise ValueError(f"value_loss_coef must be > 0, got {self.value_loss_coef!r}")
+    if self.value_clip_range is not None and not self.value_clip_range > 0:
+        raise ValueError(f"value_clip_range must be > 0 or None, got {self.value_clip_range!r}")
 
 
 @dataclass

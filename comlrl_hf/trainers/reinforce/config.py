@@ -30,17 +30,20 @@ class MAGRPOConfig(MultiAgentConfig):
         default="group", metadata={"help": f"Advantage scale, one of {SCALE_REWARDS}.", "choices": list(SCALE_REWARDS)}
     )
     def __post_init__(self):
-        if self.num_generations < 2:
-            raise ValueError(
-                f"num_generations must be >= 2 for a group baseline, got {self.num_generations}"
-            )
-        for name, value, allowed in (
-            ("advantage_mode", self.advantage_mode, ADVANTAGE_MODES),
-            ("scale_rewards", self.scale_rewards, SCALE_REWARDS),
-        ):
-            if value not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        check_group_baseline_fields(self)
         super().__post_init__()
+
+
+def check_group_baseline_fields(self) -> None:
+    """The MAGRPO-family rules (shared with MARLHF's `rl_algorithm="magrpo"|...`)."""
+    if self.num_generations < 2:
+        raise ValueError(f"num_generations must be >= 2 for a group baseline, got {self.num_generations}")
+    for name, value, allowed in (
+        ("advantage_mode", self.advantage_mode, ADVANTAGE_MODES),
+        ("scale_rewards", self.scale_rewards, SCALE_REWARDS),
+    ):
+        if value not in allowed:
+            raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass
