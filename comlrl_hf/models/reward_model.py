@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from ..utils.prompts import prompt_text
 from ..utils.model_sources import load_kwargs
 
 logger = logging.getLogger(__name__)
@@ -68,14 +69,10 @@ def own_memory(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _text(prompt) -> str:
-    return prompt if isinstance(prompt, str) else "\n".join(str(m.get("content", "")) for m in prompt)
-
-
 def joint_text(prompts: Sequence, completions: Sequence[str]) -> str:
     """What the reward model reads: every agent's prompt and response, in role order."""
     return "\n\n".join(
-        f"[Agent {i} prompt]\n{_text(p)}\n[Agent {i} response]\n{c}" for i, (p, c) in enumerate(zip(prompts, completions))
+        f"[Agent {i} prompt]\n{prompt_text(p)}\n[Agent {i} response]\n{c}" for i, (p, c) in enumerate(zip(prompts, completions))
     )
 
 

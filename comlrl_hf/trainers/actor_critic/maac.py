@@ -5,14 +5,11 @@ from __future__ import annotations
 import torch
 
 from ...models.value_head import token_values
+from ...utils.prompts import prompt_text
 from ...rollout.multiturn import TurnRollout
 from ...utils.model_sources import resolve_sources
 from .base import ActorCriticRollout, ActorCriticTrainer
 from .config import MAACConfig
-
-
-def _text(prompt) -> str:
-    return prompt if isinstance(prompt, str) else "\n".join(str(m.get("content", "")) for m in prompt)
 
 
 class MAACTrainer(ActorCriticTrainer):
@@ -49,7 +46,7 @@ class MAACTrainer(ActorCriticTrainer):
     def _joint_texts(self, turn: TurnRollout) -> list[str]:
         K, texts = self.args.num_generations, []
         for n in range(turn.rewards.shape[0]):
-            state = "\n\n".join(f"[Agent {i}] {_text(turn.prompts[i][n])}" for i in range(self.num_agents))
+            state = "\n\n".join(f"[Agent {i}] {prompt_text(turn.prompts[i][n])}" for i in range(self.num_agents))
             for k in range(K):
                 if self.args.critic_type == "q":
                     actions = "\n\n".join(
