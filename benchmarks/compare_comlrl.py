@@ -1,0 +1,204 @@
+"""One fixed MAGRPO workload through comlrl_hf and, with `--compare-comlrl`, through the original comlrl 1.4.3.
+
+    python benchmarks/compare_comlrl.py --model tiny --prompts 4 16
+    python benchmarks/compare_comlrl.py --model smollm2 --prompts 4 --compare-comlrl --comlrl-path DIR
+
+Workload (issue 9): the spec §6 length-ratio reward, 2 agents, K = 4 samples per agent per prompt, every
+completion exactly `--tokens` long (min_new_tokens = max_new_tokens), 1 epoch over `--prompts` prompts, full
+fine-tune. Each measurement runs in its own subprocess; with `--compare-comlrl` the libraries alternate
+(ours, comlrl, ours, comlrl, ...) `--repeats` times to cancel machine drift, and the medians are printed.
+
+comlrl is never a dependency of comlrl_hf: install it into a folder and pass that folder, e.g.
+    pip install --no-deps -t /tmp/comlrl-site comlrl==1.4.3 openai
+
+Figures per run:
+    env-steps/s   joint actions scored per second of `train()`
+    gen tok/s     completion tokens per second of `generate` (all agents; timed by wrapping each agent's generate)
+    update s/step (train time - generate time) / optimizer steps (ours: one step per batch of prompts; comlrl:
+                  one AdamW step per agent every 2 prompts, counted per pair of agent updates)
+    peak RSS      the subprocess's peak resident memory
+    floor         ours only: one batched generate per agent over all prompts x K plus one forward+backward over
+                  the same tokens, in the same process, after training: the least any implementation must do
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PROMPTS = [
+    "Describe a city in the clouds:", "Invent a new holiday and explain it:", "Write a bedtime story for a dragon:",
+    "Design a playground on Mars:", "Explain how a lighthouse works:", "Plan a picnic for robots:",
+    "Describe the taste of a color:", "Write a letter to the moon:",
+]
+
+
+def _model_dirs(model: str, workdir: str) -> list[str]:
+    sys.path.insert(0, HERE)
+    from magrpo_step import model_pair
+
+    paths, _ = model_pair(model, workdir)
+    return [paths[0], paths[0]] if model == "tiny" else paths  # homogeneous: the original needs one tokenizer
+
+
+def _timed_generate(models, timer: dict) -> None:
+    import torch
+
+    for model in models:
+        inner = model.generate
+
+        def generate(*args, _inner=inner, **kwargs):
+            start = time.perf_counter()
+            out = _inner(*args, **kwargs)
+            timer["seconds"] += time.perf_counter() - start
+            sequences = out.sequences if hasattr(out, "sequences") else out
+            prompt_len = kwargs["input_ids"].shape[1] if "input_ids" in kwargs else args[0].shape[1]
+            timer["tokens"] += int(sequences[:, prompt_len:].numel())
+            return out
+
+        model.generate = generate
+    torch.set_num_threads(torch.get_num_threads())
+
+
+def _run_ours(args, dirs: list[str]) -> dict:
+    import torch
+    from datasets import Dataset
+
+    from comlrl_hf.rewards import length_ratio_reward
+    from comlrl_hf.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+
+    torch.manual_seed(0)
+    dataset = Dataset.from_dict({"prompt": (PROMPTS * 4)[: args.prompts]})
+    config = MAGRPOConfig(
+        output_dir=os.path.join(tempfile.mkdtemp(), "out"), num_train_epochs=1, num_generations=4,
+        max_new_tokens=args.tokens, min_new_tokens=args.tokens, per_device_train_batch_size=args.batch or args.prompts,
+        report_to=[], disable_tqdm=True, logging_steps=1000, save_strategy="no",
+    )
+    trainer = MAGRPOTrainer(agents=dirs, reward_func=length_ratio_reward, train_dataset=dataset, args=config)
+    timer = {"seconds": 0.0, "tokens": 0}
+    _timed_generate(trainer.agents, timer)
+    start = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - start
+    result = _figures(seconds, trainer.env_step, timer, trainer.state.global_step)
+    result["floor_s"] = _floor(trainer, args)
+    return result
+
+
+def _floor(trainer, args) -> float:
+    """One generate per agent over every prompt x K, then one forward+backward over those tokens."""
+    import torch
+
+    from comlrl_hf.utils.logprobs import completion_logps
+
+    prompts = (PROMPTS * 4)[: args.prompts]
+    start = time.perf_counter()
+    for i, agent in enumerate(trainer.agents):
+        rollout = trainer._generate_for(i, prompts, 4)
+        logps, _ = completion_logps(agent, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
+                                    rollout.completion_mask, temperature=trainer.args.temperature)
+        (-(logps * rollout.completion_mask).sum() / rollout.completion_mask.sum()).backward()
+        agent.zero_grad(set_to_none=True)
+    return time.perf_counter() - start
+
+
+def _run_comlrl(args, dirs: list[str]) -> dict:
+    import torch
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
+    from comlrl_hf.rewards import length_ratio_reward
+
+    torch.manual_seed(0)
+    tokenizer = AutoTokenizer.from_pretrained(dirs[0])
+    agents = [AutoModelForCausalLM.from_pretrained(d) for d in dirs]
+    config = MAGRPOConfig(num_turns=1, num_train_epochs=1, num_generations=4, max_new_tokens=args.tokens, logging_steps=1)
+    trainer = MAGRPOTrainer(agents=agents, tokenizer=tokenizer, reward_func=length_ratio_reward, args=config,
+                            wandb_config=None, train_dataset=Dataset.from_dict({"prompt": (PROMPTS * 4)[: args.prompts]}))
+    timer = {"seconds": 0.0, "tokens": 0}
+    _timed_generate(agents, timer)
+    start = time.perf_counter()
+    trainer.train(min_new_tokens=args.tokens)
+    seconds = time.perf_counter() - start
+    env_steps = args.prompts * 4  # one prompt per step, 4 aligned joint actions each
+    return _figures(seconds, env_steps, timer, max(1, args.prompts // 2))
+
+
+def _figures(seconds: float, env_steps: int, timer: dict, steps: int) -> dict:
+    return {
+        "env_steps_per_s": env_steps / seconds, "seconds": seconds, "gen_tok_per_s": timer["tokens"] / max(timer["seconds"], 1e-9),
+        "gen_share": timer["seconds"] / seconds, "update_s_per_step": (seconds - timer["seconds"]) / steps,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def _child(args) -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    with tempfile.TemporaryDirectory() as workdir:
+        dirs = _model_dirs(args.model, workdir)
+        result = _run_ours(args, dirs) if args.child == "ours" else _run_comlrl(args, dirs)
+    print("RESULT " + json.dumps(result))
+
+
+def _spawn(library: str, args, prompts: int) -> dict:
+    command = [sys.executable, os.path.abspath(__file__), "--child", library, "--model", args.model, "--tokens",
+               str(args.tokens), "--prompts", str(prompts)] + (["--batch", str(args.batch)] if args.batch else [])
+    env = dict(os.environ)
+    if library == "comlrl":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (args.comlrl_path, env.get("PYTHONPATH")) if p)
+    out = subprocess.run(command, capture_output=True, text=True, env=env)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    if out.returncode or not lines:
+        raise RuntimeError(f"{library} run failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--prompts", type=int, nargs="+", default=[4, 16])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--batch", type=int, default=None, help="ours: prompts per step (default: all prompts)")
+    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--compare-comlrl", action="store_true")
+    p.add_argument("--comlrl-path", default=None, help="folder holding the comlrl package (pip install -t)")
+    p.add_argument("--child", choices=["ours", "comlrl"], help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        args.prompts = args.prompts[0]
+        return _child(args)
+    libraries = ["ours", "comlrl"] if args.compare_comlrl else ["ours"]
+    print(f"model {args.model}; 2 agents, K=4, {args.tokens} forced tokens, 1 epoch, full fine-tune; "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of {args.repeats}")
+    print("| library | prompts | env-steps/s | gen tok/s | gen share | update s/step | peak RSS MiB | floor s / step s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for prompts in args.prompts:
+        runs = {lib: [] for lib in libraries}
+        for _ in range(args.repeats):
+            for lib in libraries:  # alternate, so drift hits both
+                runs[lib].append(_spawn(lib, args, prompts))
+        med = {lib: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for lib, rs in runs.items()}
+        for lib, m in med.items():
+            floor = f"{m['floor_s']:.2f} / {m['seconds']:.2f}" if "floor_s" in m else "-"
+            print(f"| {lib} | {prompts} | {m['env_steps_per_s']:.2f} | {m['gen_tok_per_s']:.0f} | {m['gen_share']:.0%} | "
+                  f"{m['update_s_per_step']:.2f} | {m['peak_rss_mib']:.0f} | {floor} |")
+        if "comlrl" in med:
+            print(f"| ratio ours/comlrl | {prompts} | {med['ours']['env_steps_per_s'] / med['comlrl']['env_steps_per_s']:.2f}x | "
+                  f"| | | {med['ours']['peak_rss_mib'] / med['comlrl']['peak_rss_mib']:.2f}x | |")
+
+
+if __name__ == "__main__":
+    main()
