@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # torch is pinned in the same pip command as everything else: a CPU build lies
 # on disk, and an unpinned torch resolves to a CUDA build of several GB.
-PINS := torch==2.13.0 "transformers>=5.19,<6" "trl>=1.0,<2" "peft>=0.18" "accelerate>=1.10" datasets wandb gguf
+PINS := torch==2.13.0 "transformers>=5.19,<6" "trl>=1.0,<2" "peft>=0.18" "accelerate>=1.10" datasets wandb gguf pyyaml
 STAMP := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
