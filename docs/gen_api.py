@@ -13,10 +13,12 @@ from pathlib import Path
 SECTIONS = [
     ("Trainers", "comlrl_hf.trainers.reinforce", ["MAGRPOTrainer", "MAREINFORCETrainer", "MARLOOTrainer", "MAReMaxTrainer"]),
     ("Trainers", "comlrl_hf.trainers.actor_critic", ["IACTrainer", "MAACTrainer"]),
+    ("Trainers", "comlrl_hf.trainers.preference", ["MARLHFTrainer", "MARLHFIterTrainer"]),
     ("Trainers", "comlrl_hf.trainers.base", ["MultiAgentTrainer"]),
     ("Configs", "comlrl_hf.trainers.config", ["MultiAgentConfig"]),
     ("Configs", "comlrl_hf.trainers.reinforce", ["MAGRPOConfig", "MAREINFORCEConfig", "MARLOOConfig", "MAReMaxConfig"]),
     ("Configs", "comlrl_hf.trainers.actor_critic", ["ActorCriticConfig", "IACConfig", "MAACConfig"]),
+    ("Configs", "comlrl_hf.trainers.preference", ["MARLHFConfig", "MARLHFIterConfig"]),
     ("Models", "comlrl_hf.models", ["MultiAgentModel"]),
     ("Utilities", "comlrl_hf.utils", ["read_checkpoint_metadata", "CheckpointError"]),
     ("Utilities", "comlrl_hf.rewards", ["length_ratio_reward", "format_reward", "exact_match_reward", "space_share_reward"]),

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from comlrl_hf import cli
 from comlrl_hf.recipe import RecipeError, load_prompt_dataset, resolve_reward
@@ -97,6 +97,19 @@ def test_bad_recipes_and_flags_are_one_line_and_exit_2(recipe, flags, names, qwe
     assert line.startswith("comlrl-hf magrpo: error: ")
     for name in names:
         assert name in line
+
+
+def test_marlhf_command_learns_a_reward_model_and_trains_against_it(qwen_dir, llama_dir, tmp_path):
+    recipe = tmp_path / "pbrl.yaml"
+    recipe.write_text(
+        f"agent_model: {qwen_dir}\nreward_model_name: {llama_dir}\nreward_model_device: cpu\nreward_func: space_share\n"
+        f"prompts: [Hello there, Say hi]\nnum_train_epochs: 1\nmax_new_tokens: 4\npreference_num_candidates: 4\n"
+        f"rl_algorithm: marloo\nreport_to: none\ndisable_tqdm: true\noutput_dir: {tmp_path / 'out'}\n"
+    )
+    assert cli.main(["marlhf", "--config", str(recipe)]) == 0
+    final = tmp_path / "out" / "final"
+    assert AutoModelForSequenceClassification.from_pretrained(final / "reward_model").config.model_type == "llama"
+    assert (tmp_path / "out" / "preference" / "iteration_0.json").is_file()
 
 
 def test_agent_mismatch_from_the_trainer_is_exit_2(llama_dir, qwen_dir, capsys):
