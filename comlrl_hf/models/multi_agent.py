@@ -105,6 +105,13 @@ class MultiAgentModel(nn.Module):
 
 
 def _load_folder_into(model: nn.Module, folder: str) -> None:
+    from .peft_agents import is_peft_model, load_adapter_folder
+
+    if is_peft_model(model):  # LoRA agents and critics are saved (and restored) as adapters
+        load_adapter_folder(model, folder)
+        if getattr(model, "value_head", None) is not None:
+            load_value_head(model, folder)
+        return
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:

@@ -298,6 +298,8 @@ class CheckpointMixin:
             "manifest": file_manifest(staging),
         })
         publish(staging, os.path.join(parent, name))
+        if self.args.push_to_hub:  # our override uploads the agent_i/ layout (Trainer's pushes root files only)
+            self._push_from_checkpoint(os.path.join(parent, name))
         limit = self._checkpoint_total_limit
         if limit:
             for old in list_checkpoints(parent)[:-limit]:

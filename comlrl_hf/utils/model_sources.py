@@ -121,6 +121,10 @@ def load_causal_lm(source: ModelSource, model_config: dict | None = None) -> Pre
         kwargs["dtype"] = dtype
     if "attn_implementation" in model_config:
         kwargs["attn_implementation"] = model_config["attn_implementation"]
+    if os.path.isfile(os.path.join(os.fspath(source), "adapter_config.json")):  # a saved LoRA agent: keep training it
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(source, is_trainable=True, **kwargs)
     return AutoModelForCausalLM.from_pretrained(source, **kwargs)
 
 
