@@ -107,6 +107,14 @@ def check_not_already_peft(models: Sequence, owner: str = "agents") -> None:
             )
 
 
+@contextlib.contextmanager
+def seeded(seed: int):
+    """Run LoRA initialisation from `seed` without touching the global random streams."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
 def _record_base(config, model) -> None:
     if not config.base_model_name_or_path:
         config.base_model_name_or_path = getattr(model, "name_or_path", None) or None

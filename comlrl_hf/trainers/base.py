@@ -132,7 +132,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
         )
         self._setup_episodes(args, count)
         self._validate_before_loading(args, count)
-        models = self._load_agent_models(sources, tokenizers)  # LoRA-wrapped when peft_config is given
+        models = self._load_agent_models(sources, tokenizers, args.seed)  # LoRA-wrapped when peft_config is given
         seen: set[int] = set()
         for i, (model, tok) in enumerate(zip(models, tokenizers)):
             if id(model) in seen:

@@ -23,6 +23,7 @@ from ..models.peft_agents import (
     merged_copy,
     reference_for,
     resolve_peft_configs,
+    seeded,
     wrap_separate,
 )
 from ..models.value_head import save_with_value_head
@@ -35,7 +36,7 @@ class PeftMixin:
 
     peft_backend: str | None = None
 
-    def _load_agent_models(self, sources: Sequence, tokenizers: Sequence) -> list[torch.nn.Module]:
+    def _load_agent_models(self, sources: Sequence, tokenizers: Sequence, seed: int) -> list[torch.nn.Module]:
         """Load (and wrap in LoRA) every agent. Every PEFT mistake raises before any weights are loaded."""
         peft_config, requested = getattr(self, "_peft_args", (None, None))
         configs = resolve_peft_configs(peft_config, len(sources))
@@ -45,8 +46,12 @@ class PeftMixin:
             return [load_causal_lm(src, self.model_config) for src in sources]
         check_not_already_peft(sources)
         if backend == "shared":
-            return build_shared(load_causal_lm(sources[0], self.model_config), configs)
-        return [wrap_separate(load_causal_lm(src, self.model_config), cfg) for src, cfg in zip(sources, configs)]
+            base = load_causal_lm(sources[0], self.model_config)
+            with seeded(seed):  # LoRA's random init depends on the seed only (runs and resumes agree)
+                return build_shared(base, configs)
+        models = [load_causal_lm(src, self.model_config) for src in sources]
+        with seeded(seed):
+            return [wrap_separate(model, cfg) for model, cfg in zip(models, configs)]
 
     def _reference_models(self) -> list[torch.nn.Module]:
         """The KL reference per agent: LoRA agents use their base with adapters off (one object for a shared
