@@ -60,8 +60,9 @@ def _grads(trainer, rollout, batch, checkpointing, summed=False):
     trainer.rollout = lambda _batch: rollout
     trainer.current_gradient_accumulation_steps = 1
     trainer.model.train()
-    if checkpointing:
-        trainer._container.activation_checkpointing_enable()
+    if checkpointing is not None:
+        trainer._container.activation_checkpointing_enable(checkpointing)
+        assert all(agent.get_base_model().is_activation_checkpointing for agent in trainer.agents)
     trainer.model.zero_grad(set_to_none=True)
     if summed:  # the wrong way under checkpointing: one backward over every agent's loss
         sum(trainer.agent_loss(i, rollout) for i in range(trainer.num_agents)).backward()
@@ -79,7 +80,7 @@ def test_shared_base_gradients_equal_separate_models(qwen_dir, n):
     _randomize_adapters(separate, shared, n)
     batch = [{"prompt": p} for p in PROMPTS[:2]]
     rollout = separate.rollout(batch)  # one fixed batch of completions and advantages for both backends
-    for checkpointing in (False, True):
+    for checkpointing in (None, {"use_reentrant": False}, {"use_reentrant": True}):  # off, then both kinds
         expected = _grads(separate, rollout, batch, checkpointing)
         got = _grads(shared, rollout, batch, checkpointing)
         for i in range(n):
@@ -88,7 +89,7 @@ def test_shared_base_gradients_equal_separate_models(qwen_dir, n):
                 assert expected[i][key].abs().sum() > 0, (checkpointing, i, key)
                 torch.testing.assert_close(got[i][key], expected[i][key], rtol=1e-5, atol=1e-7)
     # the pitfall the per-agent backward avoids: under checkpointing, one summed backward is wrong for shared adapters
-    wrong = _grads(shared, rollout, batch, True, summed=True)
+    wrong = _grads(shared, rollout, batch, {"use_reentrant": False}, summed=True)
     assert any(not torch.allclose(wrong[0][k], expected[0][k], rtol=1e-3, atol=1e-6) for k in expected[0])
 
 

@@ -125,7 +125,9 @@ def wrap_separate(model: nn.Module, config) -> nn.Module:
     from peft import get_peft_model
 
     _record_base(config, model)
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    peft_model.enable_input_require_grads()  # reentrant activation checkpointing needs an input that requires grad
+    return peft_model
 
 
 def build_shared(base: nn.Module, configs: Sequence) -> list["AdapterAgent"]:
@@ -139,6 +141,7 @@ def build_shared(base: nn.Module, configs: Sequence) -> list["AdapterAgent"]:
     for name, cfg in zip(names[1:], configs[1:]):
         peft_model.add_adapter(name, cfg)
     peft_model.set_requires_grad(names, True)  # add_adapter leaves new adapters frozen
+    peft_model.enable_input_require_grads()  # reentrant activation checkpointing needs an input that requires grad
     return [AdapterAgent(peft_model, name, names) for name in names]
 
 
@@ -238,7 +241,6 @@ def _enable_checkpointing(peft_model, kwargs=None, **extra) -> None:
         base.activation_checkpointing_enable(kwargs, **extra)
     else:
         base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    base.enable_input_require_grads()  # reentrant checkpointing needs an input that requires grad
 
 
 def _disable_checkpointing(peft_model) -> None:
