@@ -236,3 +236,25 @@ def test_peft_construction_errors(qwen_dir, llama_dir, tmp_path):
     with pytest.raises(ValueError, match="critic_peft_config has 2 entries but there are 1 critics"):
         MAACTrainer(agent_model=qwen_dir, num_agents=2, critic_model=qwen_dir, reward_func=total_length,
                     train_dataset=dataset, args=MAACConfig(output_dir="x", report_to=[]), critic_peft_config=[LORA, LORA])
+
+
+def test_heterogeneous_agents_get_separate_peft_models(llama_dir, qwen_dir, tmp_path):
+    configs = [LoraConfig(r=2, target_modules=["q_proj"]), LoraConfig(r=4, target_modules=["q_proj", "v_proj"])]
+    trainer = IACTrainer(agents=[llama_dir, qwen_dir], tokenizer=[_trainer(llama_dir, 1).tokenizers[0], _trainer(qwen_dir, 1).tokenizers[0]],
+                         reward_func=total_length, train_dataset=Dataset.from_dict({"prompt": PROMPTS[:2]}), peft_config=configs,
+                         args=IACConfig(output_dir="iac", use_separate_critic=False, num_train_epochs=1, max_new_tokens=6,
+                                        num_generations=2, per_device_train_batch_size=2, report_to=[], disable_tqdm=True))
+    assert trainer.peft_backend == "separate" and [a.peft_config["default"].r for a in trainer.agents] == [2, 4]
+    trainer.train()
+    trainer.save_model(str(tmp_path / "saved"))
+    for i, path in enumerate([llama_dir, qwen_dir]):
+        folder = tmp_path / "saved" / f"agent_{i}"
+        assert {"adapter_model.safetensors", "adapter_config.json", "value_head.pt"} <= set(os.listdir(folder))
+        assert AutoPeftModelForCausalLM.from_pretrained(folder).peft_config["default"].base_model_name_or_path == path
+    # the checkpoint loader restores adapters and value heads in place, exactly
+    fresh = IACTrainer(agents=[llama_dir, qwen_dir], tokenizer=trainer.tokenizers, reward_func=total_length,
+                       train_dataset=Dataset.from_dict({"prompt": PROMPTS[:2]}), peft_config=configs, args=trainer.args)
+    fresh._container.load_weights(str(tmp_path / "saved"))
+    for old, new in zip(trainer.agents, fresh.agents):
+        so, sn = old.state_dict(), new.state_dict()
+        assert so.keys() == sn.keys() and all(torch.equal(so[k], sn[k]) for k in so)

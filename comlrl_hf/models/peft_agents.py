@@ -20,6 +20,7 @@ import copy
 import os
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 
 import safetensors.torch
@@ -115,6 +116,15 @@ def seeded(seed: int):
         yield
 
 
+@contextlib.contextmanager
+def _quiet_peft():
+    """PEFT 0.21 reads transformers' deprecated `is_gradient_checkpointing` on every wrap (a FutureWarning the
+    user cannot act on)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+        yield
+
+
 def _record_base(config, model) -> None:
     if not config.base_model_name_or_path:
         config.base_model_name_or_path = getattr(model, "name_or_path", None) or None
@@ -125,7 +135,8 @@ def wrap_separate(model: nn.Module, config) -> nn.Module:
     from peft import get_peft_model
 
     _record_base(config, model)
-    peft_model = get_peft_model(model, config)
+    with _quiet_peft():
+        peft_model = get_peft_model(model, config)
     peft_model.enable_input_require_grads()  # reentrant activation checkpointing needs an input that requires grad
     return peft_model
 
@@ -137,7 +148,8 @@ def build_shared(base: nn.Module, configs: Sequence) -> list["AdapterAgent"]:
     names = [adapter_name(i) for i in range(len(configs))]
     for cfg in configs:
         _record_base(cfg, base)
-    peft_model = get_peft_model(base, configs[0], adapter_name=names[0])
+    with _quiet_peft():
+        peft_model = get_peft_model(base, configs[0], adapter_name=names[0])
     for name, cfg in zip(names[1:], configs[1:]):
         peft_model.add_adapter(name, cfg)
     peft_model.set_requires_grad(names, True)  # add_adapter leaves new adapters frozen
