@@ -27,7 +27,8 @@ class MultiAgentModel(nn.Module):
     It deliberately has no `.config`: the Trainer then skips single-model assumptions (`use_cache`, special-token
     alignment). Its on-disk layout (spec §4):
 
-        agent_i/                 from_pretrained folder + tokenizer (+ value_head.pt when the actor has a head)
+        agent_i/                 from_pretrained folder + tokenizer (+ value_head.pt when the actor has a head);
+                                 LoRA agents: the adapter only (adapter_model.safetensors + adapter_config.json)
         agent_i/critic/          critic_layout="per_agent": agent i's critic backbone + value_head.pt
         critic/                  critic_layout="central": the one critic backbone + value_head.pt
     """

@@ -53,7 +53,8 @@ def resolve_peft_configs(peft_config, count: int, owner: str = "agents") -> list
     if peft_config is None:
         return None
     name = "peft_config" if owner == "agents" else "critic_peft_config"
-    if isinstance(peft_config, Sequence) and not isinstance(peft_config, (str, bytes)):
+    listed = isinstance(peft_config, Sequence) and not isinstance(peft_config, (str, bytes))
+    if listed:
         configs = list(peft_config)
         if len(configs) != count:
             raise ValueError(f"{name} has {len(configs)} entries but there are {count} {owner}; give one config or one per model")
@@ -61,16 +62,17 @@ def resolve_peft_configs(peft_config, count: int, owner: str = "agents") -> list
         configs = [peft_config] * count
     out = []
     for i, cfg in enumerate(configs):
+        where = f"{name}[{i}]" if listed else name
         if not isinstance(cfg, LoraConfig):
             kind = type(cfg).__name__
             hint = " (only LoRA is supported)" if isinstance(cfg, PeftConfig) else ""
-            raise ValueError(f"{name}[{i}] must be a peft.LoraConfig, got {kind}{hint}")
+            raise ValueError(f"{where} must be a peft.LoraConfig, got {kind}{hint}")
         cfg = copy.deepcopy(cfg)
         task = getattr(cfg.task_type, "value", cfg.task_type)
         if task is None:
             cfg.task_type = "CAUSAL_LM"
         elif task != "CAUSAL_LM":
-            raise ValueError(f"{name}[{i}].task_type must be CAUSAL_LM (or None), got {task!r}")
+            raise ValueError(f"{where}.task_type must be CAUSAL_LM (or None), got {task!r}")
         out.append(cfg)
     return out
 

@@ -66,6 +66,8 @@ class PeftMixin:
         tokenizer = self.tokenizers[0]
         if any(t is not tokenizer for t in self.tokenizers):
             return None
+        if any(cfg.use_dora for cfg in agents[0].peft_model.peft_config.values()):
+            return None  # PEFT cannot mix DoRA adapters in one batch: one call per agent instead
         kwargs = self.args.generation_kwargs(do_sample=do_sample)
         names = [a.adapter_name for a in agents]
         return lambda prompts, k: generate_completions_with_adapters(
