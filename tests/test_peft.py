@@ -267,3 +267,19 @@ def test_dora_adapters_on_a_shared_base_generate_one_agent_at_a_time(qwen_dir):
     before = {k: p.detach().clone() for k, p in _adapters(trainer.agents[1]).items()}
     trainer.train()
     assert any(not torch.equal(before[k], p) for k, p in _adapters(trainer.agents[1]).items())
+
+
+def test_multi_turn_shared_base_generates_once_per_turn(qwen_dir):
+    def transition(prompt, agent_completions, **kw):
+        return [f"{prompt} Improve: {c[:20]}" for c in agent_completions]
+
+    trainer = MAGRPOTrainer(agent_model=qwen_dir, num_agents=2, reward_func=total_length, peft_config=LORA,
+                            external_transition=transition, train_dataset=Dataset.from_dict({"prompt": PROMPTS}),
+                            args=_config(2, num_turns=2, joint_mode="cross"))
+    peft_model, calls = trainer.agents[0].peft_model, []
+    original = peft_model.generate
+    peft_model.generate = lambda *a, **kw: calls.append(kw.get("adapter_names")) or original(*a, **kw)
+    trainer.train()
+    assert trainer.env_step == 2 * (2 * 4 + 8 * 4)  # 2 steps; turn 1: 2 nodes x K^N=4; turn 2: 8 nodes x 4
+    assert len(calls) == 2 * 2  # one generate call per turn for both agents
+    assert calls[0] == ["agent_0"] * 4 + ["agent_1"] * 4 and calls[1] == ["agent_0"] * 16 + ["agent_1"] * 16
