@@ -12,6 +12,7 @@ from transformers import AutoModelForCausalLM
 from comlrl_hf import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
 from comlrl_hf.models.peft_agents import AdapterAgent
 from comlrl_hf.rollout.generation import generate_completions
+from comlrl_hf.utils import CheckpointError
 from comlrl_hf.utils.logprobs import completion_logps
 
 from conftest import PROMPTS, length_ratio_reward
@@ -181,6 +182,10 @@ def test_resume_with_adapters_is_bitwise(qwen_dir):
     assert all(torch.equal(oa["state"][k][n], ob["state"][k][n]) for k in oa["state"] for n in oa["state"][k])
     logs = lambda t: [log for log in t.state.log_history if "loss" in log]  # noqa: E731
     assert logs(full) == logs(resumed) and len(logs(full)) == 4
+    other = _trainer(qwen_dir, 2, logging_steps=1, num_train_epochs=3, beta=0.05,
+                     peft_config=LoraConfig(r=4, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    with pytest.raises(CheckpointError, match="peft: checkpoint .*lora_alpha"):  # same shapes, other scaling
+        other.train(resume_from_checkpoint="ck/checkpoint-2")
 
 
 def test_actor_critic_with_lora(qwen_dir, tmp_path):

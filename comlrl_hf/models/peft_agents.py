@@ -296,6 +296,19 @@ def reference_for(agents: Sequence[nn.Module]) -> list[nn.Module] | None:
     return out
 
 
+def adapter_settings(model: nn.Module) -> dict | None:
+    """The LoRA settings of a model's adapter that change its math (None for a model without PEFT)."""
+    if not is_peft_model(model):
+        return None
+    peft = model.peft_model if isinstance(model, AdapterAgent) else model
+    config = peft.peft_config[model.adapter_name if isinstance(model, AdapterAgent) else peft.active_adapter]
+    keys = ("r", "lora_alpha", "lora_dropout", "bias", "use_rslora", "use_dora", "fan_in_fan_out")
+    out = {k: getattr(config, k, None) for k in keys}
+    modules = config.target_modules
+    out["target_modules"] = sorted(modules) if isinstance(modules, (set, list, tuple)) else modules
+    return out
+
+
 # ---- loading and merging ----
 def load_adapter_folder(model: nn.Module, folder: str) -> None:
     """Load `folder/adapter_model.safetensors` into the live adapter of `model`, in place (bit-exact)."""

@@ -74,6 +74,14 @@ class PeftMixin:
             agents[0].peft_model, tokenizer, prompts, names, k, kwargs
         )
 
+    def peft_fingerprint(self) -> dict | None:
+        """What a resume must match beyond parameter shapes: the backend and each adapter's LoRA settings."""
+        from ..models.peft_agents import adapter_settings
+
+        models = list(self.agents) + list(self._container.critics or [])
+        settings = [adapter_settings(m) for m in models]
+        return None if all(s is None for s in settings) else {"backend": self.peft_backend, "adapters": settings}
+
     def save_merged_model(self, output_dir: str | os.PathLike) -> None:
         """Write every agent (and critic) with its adapter merged into full weights: `agent_i/` is then a plain
         `from_pretrained` folder that needs no PEFT (value heads stay `value_head.pt`). Live models are untouched."""
