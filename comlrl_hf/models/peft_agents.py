@@ -182,9 +182,13 @@ class AdapterAgent(nn.Module):
             model.set_adapter(self.adapter_name)
             model.set_requires_grad(self.all_adapter_names, True)
 
-    def forward(self, *args, **kwargs):
+    def forward(self, input_ids=None, attention_mask=None, logits_to_keep: int = 0, **kwargs):
+        """The shared model's forward with this agent's adapter (`logits_to_keep` as in transformers: the
+        trainer's log-probs skip the prompt's LM-head work)."""
         self.activate()
-        return self.peft_model(*args, **kwargs)
+        if logits_to_keep:
+            kwargs["logits_to_keep"] = logits_to_keep
+        return self.peft_model(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
 
     def generate(self, *args, **kwargs):
         self.activate()
