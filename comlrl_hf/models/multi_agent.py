@@ -27,7 +27,8 @@ class MultiAgentModel(nn.Module):
     It deliberately has no `.config`: the Trainer then skips single-model assumptions (`use_cache`, special-token
     alignment). Its on-disk layout (spec §4):
 
-        agent_i/                 from_pretrained folder + tokenizer (+ value_head.pt when the actor has a head)
+        agent_i/                 from_pretrained folder + tokenizer (+ value_head.pt when the actor has a head);
+                                 LoRA agents: the adapter only (adapter_model.safetensors + adapter_config.json)
         agent_i/critic/          critic_layout="per_agent": agent i's critic backbone + value_head.pt
         critic/                  critic_layout="central": the one critic backbone + value_head.pt
     """
@@ -105,6 +106,13 @@ class MultiAgentModel(nn.Module):
 
 
 def _load_folder_into(model: nn.Module, folder: str) -> None:
+    from .peft_agents import is_peft_model, load_adapter_folder
+
+    if is_peft_model(model):  # LoRA agents and critics are saved (and restored) as adapters
+        load_adapter_folder(model, folder)
+        if getattr(model, "value_head", None) is not None:
+            load_value_head(model, folder)
+        return
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:

@@ -45,7 +45,9 @@ def attach_value_head(model: nn.Module, hidden_dim: int | None, seed: int | None
 def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """Values [B, L] at every position, from the backbone's last hidden state (no LM-head logits computed)."""
     position_ids = (attention_mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    hidden = model.base_model(
+    # PEFT models (and shared-base adapter views) expose the transformers model through `get_base_model()`
+    backbone = model.get_base_model().base_model if hasattr(model, "get_base_model") else model.base_model
+    hidden = backbone(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
     ).last_hidden_state
     return model.value_head(hidden)

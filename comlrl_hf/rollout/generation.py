@@ -102,3 +102,54 @@ def generate_completions(
         [row[:n] for row, n in zip(completion_ids.tolist(), lengths)], skip_special_tokens=True
     )
     return AgentRollout(prompt_ids, prompt_mask, completion_ids, completion_mask, completions)
+
+
+@torch.no_grad()
+def generate_completions_with_adapters(
+    model: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts_per_agent: Sequence[Sequence[Prompt]],
+    adapter_names: Sequence[str],
+    num_generations: int,
+    generation_kwargs: dict,
+) -> list[AgentRollout]:
+    """Every agent's completions from one `generate` call on a shared-base `PeftModel`: the rows of agent i
+    run adapter `adapter_names[i]` (`generate(adapter_names=...)`, eval mode only). The result equals one
+    `generate_completions` per agent with its adapter active, with each agent's padding trimmed to its own rows."""
+    rendered = [render_prompts(tokenizer, prompts) for prompts in prompts_per_agent]
+    texts = [t for agent_texts, _ in rendered for t in agent_texts]
+    templated = {flag for _, flag in rendered}
+    if len(templated) > 1:
+        raise ValueError("some agents' prompts are chat messages and others plain text; a mixed-adapter batch needs one kind")
+    device = next(model.parameters()).device
+    eos_ids = eos_token_ids(model, tokenizer)
+    encoded = tokenizer(
+        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=not templated.pop()
+    ).to(device)
+    prompt_ids = encoded["input_ids"].repeat_interleave(num_generations, dim=0)
+    prompt_mask = encoded["attention_mask"].repeat_interleave(num_generations, dim=0)
+    rows = [len(p) * num_generations for p in prompts_per_agent]
+    names = [name for name, n in zip(adapter_names, rows) for _ in range(n)]
+    was_training = model.training
+    model.eval()
+    try:
+        sequences = model.generate(
+            input_ids=prompt_ids, attention_mask=prompt_mask, adapter_names=names,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids, **generation_kwargs,
+        )
+    finally:
+        model.train(was_training)
+    completion_ids = sequences[:, prompt_ids.shape[1] :]
+    completion_mask = completion_mask_from_eos(completion_ids, eos_ids)
+    out, start = [], 0
+    for n in rows:
+        p_ids, p_mask = prompt_ids[start : start + n], prompt_mask[start : start + n]
+        c_ids, c_mask = completion_ids[start : start + n], completion_mask[start : start + n]
+        start += n
+        first = int(p_mask.any(dim=0).int().argmax())  # drop the columns that only pad other agents' prompts
+        length = int(c_mask.sum(dim=1).max()) if n else 0  # and the steps only other agents' rows needed
+        p_ids, p_mask, c_ids, c_mask = p_ids[:, first:], p_mask[:, first:], c_ids[:, :length], c_mask[:, :length]
+        lengths = c_mask.sum(dim=1).tolist()
+        texts_i = tokenizer.batch_decode([row[:k] for row, k in zip(c_ids.tolist(), lengths)], skip_special_tokens=True)
+        out.append(AgentRollout(p_ids, p_mask, c_ids, c_mask, texts_i))
+    return out

@@ -146,6 +146,7 @@ def roll_out_tree(
     batch: Sequence[Any],
     *,
     generate: Callable[[int, list[Any], int], Any],
+    generate_all: Callable[[list[list[Any]], int], list[Any]] | None = None,
     formatters: Sequence[Callable],
     score: Callable[[list[list[str]], list[Any]], list[float]],
     transition: TransitionCaller | None,
@@ -159,7 +160,8 @@ def roll_out_tree(
     nodes, one reward call over all joint actions, then the transitions that root the next turn's nodes.
 
     `generate(agent_index, prompts, K)` returns an object with `.completions` (K per prompt, prompt-major);
-    `score(completions_per_agent, items)` returns one reward per joint action.
+    `score(completions_per_agent, items)` returns one reward per joint action. `generate_all(prompts_per_agent, K)`,
+    when given, replaces the per-agent calls with one call for all agents (shared-base LoRA adapters).
     """
     num_agents = len(formatters)
     actions = joint_actions(num_generations, num_agents, joint_mode)
@@ -171,7 +173,10 @@ def roll_out_tree(
              for node in nodes]
             for i, fmt in enumerate(formatters)
         ]
-        rollouts = [generate(i, prompts[i], num_generations) for i in range(num_agents)]
+        if generate_all is not None:
+            rollouts = generate_all(prompts, num_generations)
+        else:
+            rollouts = [generate(i, prompts[i], num_generations) for i in range(num_agents)]
         K = num_generations
         completions = [
             [r.completions[n * K + a[i]] for n in range(len(nodes)) for a in actions] for i, r in enumerate(rollouts)

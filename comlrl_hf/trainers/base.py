@@ -23,7 +23,6 @@ from ..models.multi_agent import MultiAgentModel
 from ..utils._trl_compat import disable_dropout_in_model
 from ..utils.model_sources import (
     check_vocab_fits,
-    load_causal_lm,
     resolve_count,
     resolve_sources,
     resolve_tokenizers,
@@ -31,6 +30,8 @@ from ..utils.model_sources import (
 )
 from .checkpointing import CheckpointMixin
 from .episodes import EpisodeMixin
+from .hub import HubMixin
+from .peft_support import PeftMixin
 from .config import MultiAgentConfig
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
@@ -69,7 +70,7 @@ class PromptBatchSampler(Sampler[list[int]]):
         return math.ceil(self.num_items / self.batch_size) * self.repeats
 
 
-class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
+class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -99,7 +100,10 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
         args: MultiAgentConfig | None = None,
         callbacks: list | None = None,
         optimizers: tuple = (None, None),
+        peft_config=None,
+        peft_backend: str | None = None,
     ):
+        self._peft_args = (peft_config, peft_backend)
         self._user_callables = dict(
             reward_func=reward_func, reward_processor=reward_processor, formatters=formatters,
             external_transition=external_transition, eval_logger=eval_logger, eval_aggregator=eval_aggregator,
@@ -128,7 +132,7 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
         )
         self._setup_episodes(args, count)
         self._validate_before_loading(args, count)
-        models = [load_causal_lm(src, self.model_config) for src in sources]
+        models = self._load_agent_models(sources, tokenizers, args.seed)  # LoRA-wrapped when peft_config is given
         seen: set[int] = set()
         for i, (model, tok) in enumerate(zip(models, tokenizers)):
             if id(model) in seen:
@@ -158,8 +162,8 @@ class MultiAgentTrainer(EpisodeMixin, CheckpointMixin, Trainer):
             optimizers=optimizers,
         )
         self._setup_wandb(wandb_config)
-        # A frozen copy of each initial agent, only when the KL term is on.
-        self.ref_agents = [self._frozen_copy(a) for a in self.agents] if self.args.beta > 0 else None
+        # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
+        self.ref_agents = self._reference_models() if self.args.beta > 0 else None
         self._last_samples: list[dict] = []
 
     def _setup_wandb(self, wandb_config: dict | None) -> None:

@@ -198,6 +198,7 @@ class CheckpointMixin:
             "dataset": dataset_fingerprint(self.train_dataset),
             "config": {k: args.get(k) for k in keys},
             "stateful": sorted(self.stateful_objects()),
+            "peft": self.peft_fingerprint(),
         }
 
     def _check_resumable(self, path: str) -> dict[str, Any]:
@@ -213,7 +214,7 @@ class CheckpointMixin:
             raise CheckpointError(f"checkpoint {path} was written by {metadata.get('trainer_class')}, not {expected}")
         saved, current = metadata.get("fingerprint", {}), self.compatibility_fingerprint()
         differences = []
-        for key in ("num_agents", "agents", "critics", "tokenizers", "dataset", "stateful"):
+        for key in ("num_agents", "agents", "critics", "tokenizers", "dataset", "stateful", "peft"):
             if saved.get(key) != current[key]:
                 differences.append(f"{key}: checkpoint {_short(saved.get(key))}, now {_short(current[key])}")
         for key in sorted(set(saved.get("config", {})) | set(current["config"])):
@@ -303,6 +304,8 @@ class CheckpointMixin:
             "manifest": file_manifest(staging),
         })
         publish(staging, os.path.join(parent, name))
+        if self.args.push_to_hub:  # our override uploads the agent_i/ layout (Trainer's pushes root files only)
+            self._push_from_checkpoint(os.path.join(parent, name))
         limit = self._checkpoint_total_limit
         if limit:
             for old in list_checkpoints(parent)[:-limit]:

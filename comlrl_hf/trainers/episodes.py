@@ -85,6 +85,7 @@ class EpisodeMixin:
         return roll_out_tree(
             batch,
             generate=lambda i, prompts, k: self._generate_for(i, prompts, k, do_sample),
+            generate_all=self._generate_all_agents(do_sample),
             formatters=self.formatters, score=self._score, transition=self.transition_caller,
             num_generations=num_generations, num_turns=self.args.num_turns, joint_mode=joint_mode,
             early_termination_threshold=threshold, external_prompt_passthrough=self.args.external_prompt_passthrough,

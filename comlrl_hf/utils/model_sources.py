@@ -110,7 +110,12 @@ def load_causal_lm(source: ModelSource, model_config: dict | None = None) -> Pre
     """A loaded model as given, or `AutoModelForCausalLM.from_pretrained(source, ...)`."""
     if isinstance(source, torch.nn.Module):
         return source
-    return AutoModelForCausalLM.from_pretrained(source, **load_kwargs(model_config))
+    kwargs = load_kwargs(model_config)
+    if os.path.isfile(os.path.join(os.fspath(source), "adapter_config.json")):  # a saved LoRA agent: keep training it
+        from peft import AutoPeftModelForCausalLM
+
+        return AutoPeftModelForCausalLM.from_pretrained(source, is_trainable=True, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(source, **kwargs)
 
 
 def load_kwargs(model_config: dict | None) -> dict:

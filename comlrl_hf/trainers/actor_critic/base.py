@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...models.peft_agents import check_not_already_peft, resolve_peft_configs, seeded, wrap_separate
 from ...models.value_head import attach_value_head, token_values
 from ...rollout.generation import AgentRollout
 from ...rollout.multiturn import TurnRollout, discounted_returns
@@ -36,8 +37,11 @@ class ActorCriticTrainer(MultiAgentTrainer):
     config_class = ActorCriticConfig
     explicit_tokenizer_for_agent_list = True  # spec §1.3: AC trainers need a tokenizer when `agents` is given
 
-    def __init__(self, *args, critic_model=None, critics=None, **kwargs):
+    def __init__(self, *args, critic_model=None, critics=None, critic_peft_config=None, **kwargs):
+        """`critic_peft_config`: one `peft.LoraConfig` for every separate critic, or one per critic; each critic
+        becomes its own `PeftModel` (its value head stays fully trainable)."""
         self._critic_args = (critic_model, critics)
+        self._critic_peft_config = critic_peft_config
         super().__init__(*args, **kwargs)
 
     @property
@@ -51,10 +55,22 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _validate_before_loading(self, args, num_agents: int) -> None:
         self._resolved_critics = self._critic_sources(args, num_agents)
+        self._critic_peft_configs = None
+        if self._critic_peft_config is not None:
+            if self._resolved_critics is None:
+                raise ValueError(
+                    "critic_peft_config needs separate critics; with use_separate_critic=False the value head sits on "
+                    "each actor, which peft_config already covers"
+                )
+            self._critic_peft_configs = resolve_peft_configs(self._critic_peft_config, len(self._resolved_critics), "critics")
+            check_not_already_peft(self._resolved_critics, "critics")
 
-    def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None, seed: int):
+    def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None, seed: int, index: int = 0):
         critic = load_causal_lm(source, self.model_config)
         check_vocab_fits(critic, tokenizer, where)
+        if self._critic_peft_configs is not None:
+            with seeded(seed):
+                critic = wrap_separate(critic, self._critic_peft_configs[index])
         return attach_value_head(critic, hidden_dim, seed)
 
     # ---- values ----

@@ -51,7 +51,7 @@ class IACTrainer(ActorCriticTrainer):
             return None, None
         critics = [
             self._load_critic(src, tokenizers[i], f"critics[{i}] (with agent {i}'s tokenizer)",
-                              args.critic_value_head_hidden_dim, seed=args.seed + i)
+                              args.critic_value_head_hidden_dim, seed=args.seed + i, index=i)
             for i, src in enumerate(self._resolved_critics)
         ]
         if len({id(c) for c in critics}) < len(critics) or any(id(c) in {id(a) for a in agents} for c in critics):

@@ -49,6 +49,9 @@ class MAGRPOTrainer(MultiAgentTrainer):
         formatters: `item -> prompt` (text or chat messages), one callable or a list per agent.
         external_transition: with `num_turns > 1`, maps a joint action to the next per-agent prompts
             (see docs/multi_turn.md).
+        peft_config: a `peft.LoraConfig` for every agent, or a list (one per agent): LoRA agents. Homogeneous
+            agents then share one frozen base with one adapter each (see docs/peft_and_hub.md).
+        peft_backend: "shared" (one base, named adapters) or "separate" (one PeftModel per agent); None picks.
         eval_logger / eval_aggregator: as in comlrl: `eval_logger(agent_completions_turns=, batch_items=,
             prompts=) -> list[dict]`, `eval_aggregator(metrics, num_turns=) -> dict`, logged as `eval_<key>`.
     """
