@@ -239,3 +239,23 @@ def test_construction_errors(qwen_dir, tmp_path):
     trainer = MARLHFTrainer(agents=objects, tokenizer=tokenizer, reward_func=length_ratio_reward,
                             args=_config(reward_model_name=qwen_dir))
     assert trainer.num_agents == 2
+
+
+def test_lora_agents_on_a_shared_base_learn_against_the_reward_model(qwen_dir):
+    from peft import LoraConfig
+
+    trainer = MARLHFTrainer(agent_model=qwen_dir, num_agents=2, reward_func=length_ratio_reward,
+                            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), args=_config(),
+                            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    assert trainer.peft_backend == "shared"
+    before = [p.clone() for p in trainer.agents[1].parameters()]
+    trainer.train(checkpoint_dir="ck")
+    assert not all(torch.equal(a, b) for a, b in zip(before, trainer.agents[1].parameters()))
+    trainer.save_model("saved")
+    assert os.path.isfile("saved/agent_1/adapter_config.json") and os.path.isdir("saved/reward_model")
+    resumed = MARLHFTrainer(agent_model=qwen_dir, num_agents=2, reward_func=length_ratio_reward,
+                            train_dataset=Dataset.from_dict({"prompt": PROMPTS}), args=_config(),
+                            peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"]))
+    resumed.train(resume_from_checkpoint="ck/checkpoint-2", checkpoint_dir="ck2")
+    assert _same([p for a in trainer.agents for p in a.parameters()] + [trainer.reward_model.score.weight],
+                 [p for a in resumed.agents for p in a.parameters()] + [resumed.reward_model.score.weight])
