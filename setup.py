@@ -25,7 +25,7 @@ setup(
     packages=find_packages(include=["comlrl_hf", "comlrl_hf.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": ["pytest>=8", "matplotlib"]},
+    extras_require={"dev": ["pytest>=8", "hypothesis", "matplotlib"]},
     entry_points={},
     license="Apache-2.0",
 )
