@@ -35,6 +35,7 @@ from ..utils.checkpoint import (
     read_checkpoint_metadata,
     remove_stale_staging,
     retire,
+    seal_metadata,
     staging_dir,
     verify_manifest,
     write_json,
@@ -284,7 +285,7 @@ class CheckpointMixin:
                     f"(use tensors, numbers, strings, lists and dicts): {error}"
                 ) from error
         extra = self._save_extra_state(staging)
-        write_json(os.path.join(staging, STATE_NAME), {
+        write_json(os.path.join(staging, STATE_NAME), seal_metadata({
             "format_version": FORMAT_VERSION,
             "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "kind": kind,
@@ -301,7 +302,7 @@ class CheckpointMixin:
             "fingerprint": self.compatibility_fingerprint(),
             "extra": extra,
             "manifest": file_manifest(staging),
-        })
+        }))
         publish(staging, os.path.join(parent, name))
         limit = self._checkpoint_total_limit
         if limit:
