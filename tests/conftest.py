@@ -43,3 +43,35 @@ def dataset():
 def _in_tmp(tmp_path, monkeypatch):
     # Trainers default output_dir to a relative path; keep every test's files in its own folder.
     monkeypatch.chdir(tmp_path)
+
+
+# ---- the reliability summary line (docs/reliability.md) ----
+_RELIABILITY_FILES = ("test_bad_inputs.py", "test_properties.py", "test_security.py", "test_fault_injection.py")
+
+
+def pytest_terminal_summary(terminalreporter):
+    """One line counting what the reliability tests of this session really ran (nothing when none ran)."""
+    counts = {name: [0, 0] for name in _RELIABILITY_FILES}  # [ran, passed]
+    trials = survived = 0
+    for outcome in ("passed", "failed", "error"):
+        for report in terminalreporter.stats.get(outcome, []):
+            if getattr(report, "when", None) != "call" and outcome == "passed":
+                continue
+            file = report.nodeid.split("::")[0].rsplit("/", 1)[-1]
+            if file not in counts or (file == "test_bad_inputs.py" and "test_bad_input_is_refused" not in report.nodeid):
+                continue
+            counts[file][0] += 1
+            counts[file][1] += outcome == "passed"
+            properties = dict(getattr(report, "user_properties", []))
+            trials += properties.get("fault_trials", 0)
+            survived += properties.get("faults_survived", 0)
+    if not any(ran for ran, _ in counts.values()):
+        return
+    inputs, props, security = counts["test_bad_inputs.py"], counts["test_properties.py"], counts["test_security.py"]
+    lost = "n/a (no fault trial ran)" if not trials else ("nothing lost" if survived == trials and inputs[0] == inputs[1]
+                                                         else "SOMETHING LOST")
+    terminalreporter.write_line(
+        f"reliability: {trials} fault trials run, {survived} survived with identical weights after resume; "
+        f"{inputs[0]} bad inputs tried, {inputs[1]} refused early with no file outside the output folder; "
+        f"{props[1]}/{props[0]} property tests hold; {security[1]}/{security[0]} security checks pass; {lost}"
+    )

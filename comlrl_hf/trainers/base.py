@@ -70,6 +70,44 @@ class PromptBatchSampler(Sampler[list[int]]):
         return math.ceil(self.num_items / self.batch_size) * self.repeats
 
 
+def check_dataset(name: str, dataset, needs_prompt: bool) -> None:
+    """An empty dataset, or one without the `prompt` field the default formatter reads, fails at construction
+    (not at the first rollout)."""
+    if dataset is None:
+        return
+    if isinstance(dataset, dict) or not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+        raise ValueError(
+            f"{name} must be one dataset with len() and indexing (e.g. a datasets.Dataset), got {type(dataset).__name__}"
+        )
+    if len(dataset) == 0:
+        raise ValueError(f"{name} is empty ({type(dataset).__name__} with 0 rows)")
+    # Only a dataset that declares its columns is checked here: reading a row could change a stateful dataset
+    # (others fail at their first rollout, in the default formatter, with the row in the message).
+    columns = getattr(dataset, "column_names", None)
+    if needs_prompt and isinstance(columns, (list, tuple)) and "prompt" not in columns:
+        raise ValueError(f"{name} has no 'prompt' column (columns: {sorted(columns)}); add one or pass formatters=")
+
+
+def check_devices(models: dict[str, torch.nn.Module], trainer_device) -> None:
+    """Every agent on one real device: the trainer moves them all to `args.device`, so agents the user placed on
+    different devices (or a model spread over several, or with meta-device weights) would be silently moved."""
+    placements = {}
+    for where, model in models.items():
+        devices = {p.device for p in model.parameters()}
+        if any(d.type == "meta" for d in devices):
+            raise ValueError(f"{where} has parameters on the meta device (no weights loaded); load it with real weights")
+        if len(devices) > 1:
+            raise ValueError(f"{where} is spread over devices {sorted(map(str, devices))}; each model must be on one device")
+        if devices:
+            placements[where] = next(iter(devices))
+    if len(set(placements.values())) > 1:
+        listed = ", ".join(f"{where} on {device}" for where, device in placements.items())
+        raise ValueError(
+            f"the agents are on different devices ({listed}); put them on one device (the trainer moves every "
+            f"agent to args.device, here {trainer_device})"
+        )
+
+
 class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
@@ -131,6 +169,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
             tokenizer, sources, explicit_required_for_list=self.explicit_tokenizer_for_agent_list, listed=agents is not None
         )
         self._setup_episodes(args, count)
+        for name, dataset in (("train_dataset", train_dataset), ("eval_dataset", eval_dataset)):
+            check_dataset(name, dataset, needs_prompt=formatters is None)
         self._validate_before_loading(args, count)
         models = self._load_agent_models(sources, tokenizers, args.seed)  # LoRA-wrapped when peft_config is given
         seen: set[int] = set()
@@ -139,6 +179,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
                 raise ValueError(f"agents[{i}] is the same model object as an earlier agent; pass one model per agent")
             seen.add(id(model))
             check_vocab_fits(model, tok, f"agents[{i}]")
+        check_devices({f"agents[{i}]": model for i, model in enumerate(models)}, args.device)
         args.num_agents = count
         critics, layout = self._build_critics(models, tokenizers, args)
         if args.disable_dropout:

@@ -35,6 +35,7 @@ from ..utils.checkpoint import (
     read_checkpoint_metadata,
     remove_stale_staging,
     retire,
+    seal_metadata,
     staging_dir,
     verify_manifest,
     write_json,
@@ -285,7 +286,7 @@ class CheckpointMixin:
                     f"(use tensors, numbers, strings, lists and dicts): {error}"
                 ) from error
         extra = self._save_extra_state(staging)
-        write_json(os.path.join(staging, STATE_NAME), {
+        write_json(os.path.join(staging, STATE_NAME), seal_metadata({
             "format_version": FORMAT_VERSION,
             "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
             "kind": kind,
@@ -302,7 +303,7 @@ class CheckpointMixin:
             "fingerprint": self.compatibility_fingerprint(),
             "extra": extra,
             "manifest": file_manifest(staging),
-        })
+        }))
         publish(staging, os.path.join(parent, name))
         if self.args.push_to_hub:  # our override uploads the agent_i/ layout (Trainer's pushes root files only)
             self._push_from_checkpoint(os.path.join(parent, name))

@@ -206,6 +206,20 @@ class MultiAgentConfig(TrainingArguments):
                 raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
         if self.per_device_train_batch_size < 1:
             raise ValueError(f"per_device_train_batch_size must be >= 1, got {self.per_device_train_batch_size}")
+        # TrainingArguments accepts these; a zero or negative value would fail later with an unrelated error
+        # (a zero division, range() step 0) or silently train nothing / never stop an episode.
+        positive_int("per_device_eval_batch_size", self.per_device_eval_batch_size)
+        positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        positive_int("num_completions_to_print", self.num_completions_to_print, 0)
+        epochs = self.num_train_epochs
+        if isinstance(epochs, bool) or not isinstance(epochs, (int, float)) or not math.isfinite(epochs) or epochs < 0:
+            raise ValueError(f"num_train_epochs must be a finite number >= 0, got {epochs!r}")
+        if epochs == 0 and (self.max_steps is None or self.max_steps <= 0):
+            raise ValueError("num_train_epochs=0 with no max_steps trains nothing; set num_train_epochs > 0 or max_steps")
+        threshold = self.early_termination_threshold
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+                                      or math.isnan(threshold)):
+            raise ValueError(f"early_termination_threshold must be a number or None, got {threshold!r}")
 
     def check_tree_size(self, num_agents: int) -> None:
         from ..rollout.multiturn import tree_nodes_per_prompt

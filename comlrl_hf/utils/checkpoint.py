@@ -21,6 +21,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 STATE_NAME = "comlrl_state.json"
 FORMAT_VERSION = 1
+METADATA_SHA_KEY = "metadata_sha256"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(step-)?(\d+)$")
 
 
@@ -46,8 +47,26 @@ def read_checkpoint_metadata(path: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(metadata, dict) or metadata.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{file} has an unknown format (format_version {metadata.get('format_version')!r})"
                               if isinstance(metadata, dict) else f"{file} does not hold a JSON object")
+    recorded = metadata.pop(METADATA_SHA_KEY, None)
+    if recorded is None:
+        raise CheckpointError(f"{file} has no {METADATA_SHA_KEY}; its metadata cannot be verified")
+    if recorded != metadata_sha256(metadata):
+        raise CheckpointError(f"{file} was modified after it was written: its content does not match its {METADATA_SHA_KEY}")
     metadata.setdefault("wandb", None)
     return metadata
+
+
+def metadata_sha256(metadata: dict[str, Any]) -> str:
+    """sha256 of the canonical JSON of `metadata` (without its own checksum). The file manifest covers every
+    other file of a checkpoint; this covers the metadata file, so a hand-edited or damaged one is refused."""
+    payload = {k: v for k, v in metadata.items() if k != METADATA_SHA_KEY}
+    payload = json.loads(json.dumps(payload))  # as read back from the file (e.g. int keys become strings)
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def seal_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
+    """`metadata` plus its checksum, ready for `write_json` as `comlrl_state.json`."""
+    return {**metadata, METADATA_SHA_KEY: metadata_sha256(metadata)}
 
 
 def checkpoint_name(kind: str, count: int) -> str:

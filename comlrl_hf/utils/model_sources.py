@@ -70,6 +70,7 @@ def resolve_sources(kind: str, shortcut: ModelSource | None, listed: Sequence | 
                 raise ValueError(f"{kind}[{i}] is None; every entry must be a model id, directory or model")
             if not isinstance(entry, (str, os.PathLike, torch.nn.Module)):
                 raise ValueError(f"{kind}[{i}] must be a model id, a local directory or a model, got {type(entry).__name__}")
+            check_local_path(f"{kind}[{i}]", entry)
         if shortcut is not None:
             expected = source_name(shortcut)
             for i, entry in enumerate(listed):
@@ -93,11 +94,30 @@ def resolve_sources(kind: str, shortcut: ModelSource | None, listed: Sequence | 
         return [shortcut]
     if not isinstance(shortcut, (str, os.PathLike)):
         raise ValueError(f"{shortcut_name} must be a model id, a local directory or a model, got {type(shortcut).__name__}")
+    check_local_path(shortcut_name, shortcut)
     return [os.fspath(shortcut)] * count
 
 
+def check_local_path(where: str, source: ModelSource) -> None:
+    """A source written as a path (absolute, `./`, `../`, `~`, or a path object) must be an existing folder:
+    otherwise `from_pretrained` would take it for a Hub id and fail with an unrelated message."""
+    if isinstance(source, torch.nn.Module):
+        return
+    text = os.fspath(source)
+    looks_local = isinstance(source, os.PathLike) or os.path.isabs(text) or text.startswith(("./", "../", "~", ".\\"))
+    if looks_local and not os.path.isdir(os.path.expanduser(text)):
+        state = "is a file, not a model folder" if os.path.exists(text) else "does not exist"
+        raise ValueError(f"{where}={text!r} looks like a local path but {state}")
+
+
 def validate_model_config(model_config: dict | None) -> dict:
+    if model_config is not None and not isinstance(model_config, dict):
+        raise ValueError(f"model_config must be a dict, got {type(model_config).__name__}: {model_config!r:.100}")
     model_config = dict(model_config or {})
+    kwargs = model_config.get("model_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise ValueError(f"model_config['model_kwargs'] must be a dict of from_pretrained arguments, got "
+                         f"{type(kwargs).__name__}: {kwargs!r:.100}")
     unknown = set(model_config) - _MODEL_CONFIG_KEYS
     if unknown:
         raise ValueError(f"model_config has unknown keys {sorted(unknown)}; allowed: {sorted(_MODEL_CONFIG_KEYS)}")
