@@ -141,6 +141,21 @@ def _figures(seconds: float, env_steps: int, timer: dict, steps: int) -> dict:
     }
 
 
+def _warm_up(dirs: list[str]) -> None:
+    """The same first-call costs paid before timing either library: one short generate and one
+    forward+backward per model, in this process, on throwaway copies."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    for d in dict.fromkeys(dirs):
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(d), AutoTokenizer.from_pretrained(d)
+        ids = tokenizer(["warm up"], return_tensors="pt")
+        model.generate(**ids, max_new_tokens=4, do_sample=True, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
+        model(**ids, labels=ids["input_ids"]).loss.backward()
+        del model
+    torch.manual_seed(0)
+
+
 def _child(args) -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -149,6 +164,7 @@ def _child(args) -> None:
     hf_logging.set_verbosity_error()
     with tempfile.TemporaryDirectory() as workdir:
         dirs = _model_dirs(args.model, workdir)
+        _warm_up(dirs)
         result = _run_ours(args, dirs) if args.child == "ours" else _run_comlrl(args, dirs)
     print("RESULT " + json.dumps(result))
 

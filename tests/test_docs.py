@@ -70,6 +70,17 @@ def _run_shell_line(line: str, hub: TinyHub, workdir: Path) -> None:
     assert cli.main(argv) == 0, line
 
 
+@pytest.fixture(autouse=True)
+def _close_wandb_runs():
+    """A page that trains with W&B leaves its (offline) run open, as a user script would; close it so the next
+    test starts without one."""
+    yield
+    import wandb
+
+    if wandb.run is not None:
+        wandb.run.finish()
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
 def test_every_block_of_the_page_runs(page, hub, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
