@@ -52,6 +52,7 @@ _RELIABILITY_FILES = ("test_bad_inputs.py", "test_properties.py", "test_security
 def pytest_terminal_summary(terminalreporter):
     """One line counting what the reliability tests of this session really ran (nothing when none ran)."""
     counts = {name: [0, 0] for name in _RELIABILITY_FILES}  # [ran, passed]
+    disk_full = [0, 0]  # the full-disk tests of test_fault_injection.py (a skipped one did not run)
     trials = survived = 0
     for outcome in ("passed", "failed", "error"):
         for report in terminalreporter.stats.get(outcome, []):
@@ -62,16 +63,20 @@ def pytest_terminal_summary(terminalreporter):
                 continue
             counts[file][0] += 1
             counts[file][1] += outcome == "passed"
+            if file == "test_fault_injection.py" and ("disk_full" in report.nodeid or "full_tmpfs" in report.nodeid):
+                disk_full[0] += 1
+                disk_full[1] += outcome == "passed"
             properties = dict(getattr(report, "user_properties", []))
             trials += properties.get("fault_trials", 0)
             survived += properties.get("faults_survived", 0)
     if not any(ran for ran, _ in counts.values()):
         return
     inputs, props, security = counts["test_bad_inputs.py"], counts["test_properties.py"], counts["test_security.py"]
-    lost = "n/a (no fault trial ran)" if not trials else ("nothing lost" if survived == trials and inputs[0] == inputs[1]
-                                                         else "SOMETHING LOST")
+    lost = "n/a (no fault trial ran)" if not trials else (
+        "nothing lost" if survived == trials and inputs[0] == inputs[1] and disk_full[0] == disk_full[1] else "SOMETHING LOST")
     terminalreporter.write_line(
         f"reliability: {trials} fault trials run, {survived} survived with identical weights after resume; "
+        f"{disk_full[1]}/{disk_full[0]} full-disk checkpoint writes gave a clear error and kept the previous checkpoint; "
         f"{inputs[0]} bad inputs tried, {inputs[1]} refused early with no file outside the output folder; "
         f"{props[1]}/{props[0]} property tests hold; {security[1]}/{security[0]} security checks pass; {lost}"
     )

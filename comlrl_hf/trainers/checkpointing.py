@@ -38,6 +38,7 @@ from ..utils.checkpoint import (
     seal_metadata,
     staging_dir,
     verify_manifest,
+    write_failure_message,
     write_json,
 )
 
@@ -258,53 +259,64 @@ class CheckpointMixin:
             return
         parent = self._checkpoint_dir or self.args.output_dir
         name = checkpoint_name(kind, count)
-        staging = staging_dir(parent, name)
-        self.save_model(staging, _internal_call=True)
-        if not self.args.save_only_model:
-            self._save_optimizer_and_scheduler(staging)
-            self._save_scaler(staging)
-            self._save_rng_state(staging)
-        for callback in self.callback_handler.callbacks + [self.control]:
-            if isinstance(callback, ExportableState):
-                state = callback.state()
-                slot = self.state.stateful_callbacks.get(type(callback).__name__)
-                if isinstance(slot, list):
-                    slot.append(state)
-                else:
-                    self.state.stateful_callbacks[type(callback).__name__] = state
-        self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
-        user_states = {name: obj.state_dict() for name, obj in self.stateful_objects().items()}
-        if user_states:
-            path = os.path.join(staging, USER_STATE_NAME)
-            torch.save(user_states, path)
-            try:  # resume loads it with weights_only=True: refuse now what could not be loaded then
-                torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as error:
+        staging = None
+        try:  # a failed write (a full disk, ...) leaves no staging folder and names the checkpoint
+            staging = staging_dir(parent, name)
+            self.save_model(staging, _internal_call=True)
+            if not self.args.save_only_model:
+                self._save_optimizer_and_scheduler(staging)
+                self._save_scaler(staging)
+                self._save_rng_state(staging)
+            for callback in self.callback_handler.callbacks + [self.control]:
+                if isinstance(callback, ExportableState):
+                    state = callback.state()
+                    slot = self.state.stateful_callbacks.get(type(callback).__name__)
+                    if isinstance(slot, list):
+                        slot.append(state)
+                    else:
+                        self.state.stateful_callbacks[type(callback).__name__] = state
+            self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
+            user_states = {name: obj.state_dict() for name, obj in self.stateful_objects().items()}
+            if user_states:
+                path = os.path.join(staging, USER_STATE_NAME)
+                torch.save(user_states, path)
+                try:  # resume loads it with weights_only=True: refuse now what could not be loaded then
+                    torch.load(path, map_location="cpu", weights_only=True)
+                except Exception as error:
+                    shutil.rmtree(staging, ignore_errors=True)
+                    raise CheckpointError(
+                        f"the state_dict() of {sorted(user_states)} holds objects a weights_only load cannot restore "
+                        f"(use tensors, numbers, strings, lists and dicts): {error}"
+                    ) from error
+            extra = self._save_extra_state(staging)
+            write_json(os.path.join(staging, STATE_NAME), seal_metadata({
+                "format_version": FORMAT_VERSION,
+                "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
+                "kind": kind,
+                "boundary": count if kind == "epoch" else int(self.state.epoch),
+                "global_step": self.state.global_step,
+                "epoch": self.state.epoch,
+                "env_step": self.env_step,
+                "micro_step": self._micro_step,
+                "run_id": getattr(self, "_run_id", None),
+                "wandb": getattr(self, "wandb_identity", None),
+                "metrics": {k: list(v) for k, v in self._metrics.items()},
+                "pending_loss": self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0,
+                "last_logged_step": getattr(self, "_globalstep_last_logged", self.state.global_step),
+                "fingerprint": self.compatibility_fingerprint(),
+                "extra": extra,
+                "manifest": file_manifest(staging),
+            }))
+            publish(staging, os.path.join(parent, name))
+        except CheckpointError:
+            if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
-                raise CheckpointError(
-                    f"the state_dict() of {sorted(user_states)} holds objects a weights_only load cannot restore "
-                    f"(use tensors, numbers, strings, lists and dicts): {error}"
-                ) from error
-        extra = self._save_extra_state(staging)
-        write_json(os.path.join(staging, STATE_NAME), seal_metadata({
-            "format_version": FORMAT_VERSION,
-            "trainer_class": f"{type(self).__module__}.{type(self).__qualname__}",
-            "kind": kind,
-            "boundary": count if kind == "epoch" else int(self.state.epoch),
-            "global_step": self.state.global_step,
-            "epoch": self.state.epoch,
-            "env_step": self.env_step,
-            "micro_step": self._micro_step,
-            "run_id": getattr(self, "_run_id", None),
-            "wandb": getattr(self, "wandb_identity", None),
-            "metrics": {k: list(v) for k, v in self._metrics.items()},
-            "pending_loss": self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0,
-            "last_logged_step": getattr(self, "_globalstep_last_logged", self.state.global_step),
-            "fingerprint": self.compatibility_fingerprint(),
-            "extra": extra,
-            "manifest": file_manifest(staging),
-        }))
-        publish(staging, os.path.join(parent, name))
+            raise
+        except Exception as error:  # safetensors and torch.save do not raise OSError on a full disk
+            message = write_failure_message(name, parent, staging, error)  # free space before the clean-up
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise CheckpointError(message) from error
         if self.args.push_to_hub:  # our override uploads the agent_i/ layout (Trainer's pushes root files only)
             self._push_from_checkpoint(os.path.join(parent, name))
         limit = self._checkpoint_total_limit

@@ -9,6 +9,7 @@ the complete checkpoint or nothing under its name.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -194,3 +195,23 @@ def write_json(path: str, payload: dict) -> None:
         json.dump(payload, f, indent=2, sort_keys=True)
         f.flush()
         os.fsync(f.fileno())
+
+
+def write_failure_message(name: str, parent: str, staging: str | None, error: BaseException) -> str:
+    """The message of the `CheckpointError` raised when writing checkpoint `name` into `parent` failed.
+
+    A full disk reaches us as `OSError(ENOSPC)` from Python writes, but as `SafetensorError` ("I/O error: No space
+    left on device") from safetensors and as a `RuntimeError` ("unexpected pos ...") from `torch.save`, so the
+    message gives the errno when there is one, the original error, and the free space left on that file system."""
+    code = getattr(error, "errno", None)
+    cause = f"{type(error).__name__}: {error}"
+    if code is not None and errno.errorcode.get(code) and errno.errorcode[code] not in cause:
+        cause = f"{errno.errorcode[code]}, {cause}"
+    try:
+        free = shutil.disk_usage(parent).free
+        free = f"{free} bytes free on its file system" + (": the disk looks full" if free < 64 << 20 else "")
+    except OSError:
+        free = "free space unknown"
+    where = f"the partial folder {staging} was removed" if staging else "no folder was created"
+    return (f"could not write checkpoint {os.path.join(parent, name)} ({cause}; {free}); {where}, "
+            "and the checkpoints published before it are untouched")
