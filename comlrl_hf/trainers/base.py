@@ -33,6 +33,7 @@ from .episodes import EpisodeMixin
 from .hub import HubMixin
 from .peft_support import PeftMixin
 from .config import MultiAgentConfig
+from .distributed import DataParallelMixin
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
 
@@ -42,11 +43,19 @@ def _identity_collate(items: list) -> list:
 
 class PromptBatchSampler(Sampler[list[int]]):
     """Batches of dataset indices, reshuffled per epoch from `seed + epoch` (so a resumed run sees the same
-    order), with each group of `group_size` batches repeated `repeats` times when a rollout is reused."""
+    order), with each group of `group_size` batches repeated `repeats` times when a rollout is reused.
 
-    def __init__(self, num_items: int, batch_size: int, *, shuffle: bool, seed: int, group_size: int = 1, repeats: int = 1):
+    With `world_size` W > 1 (data-parallel), the order is cut into global batches of W x `batch_size` prompts and
+    each global batch into W consecutive per-process batches, yielded in turn: accelerate's `BatchSamplerShard`
+    then hands process r the r-th slice of every global batch, which is the one-process batch of W x
+    `batch_size` prompts split in order. A last global batch that cannot give every process `batch_size`
+    prompts is dropped (as TRL does), and `group_size` counts per-process batches."""
+
+    def __init__(self, num_items: int, batch_size: int, *, shuffle: bool, seed: int, group_size: int = 1, repeats: int = 1,
+                 world_size: int = 1):
         self.num_items, self.batch_size, self.shuffle, self.seed = num_items, batch_size, shuffle, seed
         self.group_size, self.repeats, self.epoch = group_size, repeats, 0
+        self.world_size = world_size
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -57,17 +66,39 @@ class PromptBatchSampler(Sampler[list[int]]):
             order = torch.randperm(self.num_items, generator=generator).tolist()
         else:
             order = list(range(self.num_items))
+        if self.world_size > 1:
+            usable = self.num_items // (self.batch_size * self.world_size) * self.batch_size * self.world_size
+            return [order[i : i + self.batch_size] for i in range(0, usable, self.batch_size)]
         return [order[i : i + self.batch_size] for i in range(0, self.num_items, self.batch_size)]
 
     def __iter__(self):
         batches = self._batches()
-        for start in range(0, len(batches), self.group_size):
-            group = batches[start : start + self.group_size]
+        size = self.group_size * self.world_size
+        for start in range(0, len(batches), size):
+            group = batches[start : start + size]
             for _ in range(self.repeats):
                 yield from group
 
+    def batches_per_process(self) -> int:
+        if self.world_size > 1:
+            return self.num_items // (self.batch_size * self.world_size)
+        return math.ceil(self.num_items / self.batch_size)
+
     def __len__(self) -> int:
-        return math.ceil(self.num_items / self.batch_size) * self.repeats
+        return self.batches_per_process() * self.world_size * self.repeats
+
+
+class _IndexedDataset(torch.utils.data.Dataset):
+    """Yields (index, item): the dataset index seeds a prompt's generation (`seed_generation_per_prompt`)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        return index, self.dataset[index]
 
 
 def check_dataset(name: str, dataset, needs_prompt: bool) -> None:
@@ -108,7 +139,7 @@ def check_devices(models: dict[str, torch.nn.Module], trainer_device) -> None:
         )
 
 
-class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trainer):
+class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, DataParallelMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -118,6 +149,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
     explicit_tokenizer_for_agent_list = False
     # The rollouts, the loss normalisation and the division by gradient-accumulation steps are ours.
     loss_is_scaled_for_ga = True
+    # Data-parallel training (one process per device) is tested for this trainer (tests/test_ddp.py).
+    supports_data_parallel = False
 
     def __init__(
         self,
@@ -153,10 +186,17 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
                 f"{type(self).__name__} needs args of type {self.config_class.__name__}, got {type(args).__name__}"
             )
         wandb_config = validate_wandb_config(wandb_config)
-        if args.world_size > 1:  # rollout reuse, RNG files and critic forwards are not yet distributed-safe
-            raise ValueError(
-                f"distributed training (world_size={args.world_size}) is not supported yet; run one process"
-            )
+        if args.world_size > 1:
+            if not self.supports_data_parallel:
+                raise ValueError(
+                    f"distributed training (world_size={args.world_size}) is not supported by {type(self).__name__} yet "
+                    "(supported: the MAGRPO family); run one process"
+                )
+            if args.deepspeed or args.fsdp:
+                raise ValueError(
+                    "DeepSpeed and FSDP are not supported yet (untested); use plain multi-process data parallelism "
+                    "(examples/accelerate/multi_gpu.yaml)"
+                )
         if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
             raise ValueError(
                 f"{args.n_gpu} GPUs are visible to one process (nn.DataParallel), which comlrl_hf does not support; "
@@ -203,6 +243,10 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
             optimizers=optimizers,
         )
         self._setup_wandb(wandb_config)
+        if self._distributed:  # one sampling stream per process (TRL: set_seed(seed, device_specific=True))
+            from accelerate.utils import set_seed
+
+            set_seed(self.args.seed, device_specific=True)
         # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
         self.ref_agents = self._reference_models() if self.args.beta > 0 else None
         self._last_samples: list[dict] = []
@@ -253,17 +297,25 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
         batch_size = self.args.per_device_train_batch_size
         group = self.args.gradient_accumulation_steps
         repeats = self.rollout_reuse_count()
-        num_batches = math.ceil(num_items / batch_size)
+        world = self.args.world_size
+        sampler = PromptBatchSampler(
+            num_items, batch_size, shuffle=self.args.shuffle_dataset, seed=self.args.seed, group_size=group, repeats=repeats,
+            world_size=world,
+        )
+        num_batches = sampler.batches_per_process()
+        if num_batches == 0:
+            raise ValueError(
+                f"train_dataset has {num_items} prompts, fewer than one global batch of {world} processes x "
+                f"per_device_train_batch_size={batch_size}"
+            )
         if repeats > 1 and num_batches % group:
             raise ValueError(
                 f"reusing rollouts ({repeats} times) needs the {num_batches} batches per epoch to divide into "
                 f"gradient_accumulation_steps={group}; change per_device_train_batch_size or the dataset size"
             )
-        sampler = PromptBatchSampler(
-            num_items, batch_size, shuffle=self.args.shuffle_dataset, seed=self.args.seed, group_size=group, repeats=repeats
-        )
+        dataset = _IndexedDataset(self.train_dataset) if self.args.seed_generation_per_prompt else self.train_dataset
         loader = DataLoader(
-            self.train_dataset,
+            dataset,
             batch_sampler=sampler,
             collate_fn=_identity_collate,
             num_workers=self.args.dataloader_num_workers,
@@ -345,7 +397,16 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
         model.train()
         if callable(getattr(self.optimizer, "train", None)):  # schedule-free optimizers switch modes
             self.optimizer.train()
-        rollout = self._inputs_for_step(inputs)
+        if self.args.seed_generation_per_prompt:  # (dataset index, item) pairs, see get_train_dataloader
+            self._prompt_indices = [index for index, _ in inputs]
+            inputs = [item for _, item in inputs]
+        env_before = self.env_step
+        try:
+            rollout = self._inputs_for_step(inputs)
+        finally:
+            self._prompt_indices = None
+        if self._distributed:  # every process counted its own joint actions
+            self.env_step = env_before + self._sum_across_ranks(self.env_step - env_before)
         total = torch.zeros((), device=self.args.device)
         for i in range(self.num_agents):
             with self.compute_loss_context_manager():
@@ -363,6 +424,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
             loss = loss / self.current_gradient_accumulation_steps
             self.accelerator.backward(loss)
             total += loss.detach()
+        if self.accelerator.sync_gradients:  # N processes: average every gradient once per optimizer step
+            self.all_reduce_gradients()
         return total
 
     def shared_losses(self, inputs: Any) -> dict[str, torch.Tensor]:
@@ -380,7 +443,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Trai
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs:  # a training log: add what was gathered since the previous one
-            logs.update({name: sum(v) / len(v) for name, v in self._metrics.items() if v})
+            logs.update(self._average_metrics(self._metrics))  # over every process when there are several
             self._metrics.clear()
             if self._agent_grad_norms:
                 logs.update({f"{name}/grad_norm": value for name, value in self._agent_grad_norms.items()})

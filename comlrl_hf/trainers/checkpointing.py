@@ -135,7 +135,10 @@ class CheckpointMixin:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
         self._checkpoint_dir = os.fspath(checkpoint_dir) if checkpoint_dir is not None else self.args.output_dir
         self._checkpoint_total_limit = checkpoint_total_limit or self.args.save_total_limit
-        remove_stale_staging(self._checkpoint_dir)  # before looking for the latest checkpoint
+        if self.args.should_save:
+            remove_stale_staging(self._checkpoint_dir)  # before looking for the latest checkpoint
+        if self._distributed:
+            self.accelerator.wait_for_everyone()
         for callback in [c for c in self.callback_handler.callbacks if isinstance(c, (EpochCheckpointCallback, _RestoreLogAccumulators))]:
             self.remove_callback(callback)
         if checkpoint_dir is not None or checkpoint_interval is not None:
@@ -159,7 +162,7 @@ class CheckpointMixin:
             metadata = self._check_resumable(resume_from_checkpoint)
             self._restore_runtime(metadata)
         else:
-            self._run_id = getattr(self, "_run_id", None) or uuid.uuid4().hex
+            self._run_id = self._broadcast_object(getattr(self, "_run_id", None) or uuid.uuid4().hex)  # process 0's
             foreign = [p for p in list_checkpoints(self._checkpoint_dir)
                        if read_checkpoint_metadata(p).get("run_id") != self._run_id]
             if foreign and (checkpoint_dir is not None or checkpoint_interval is not None
@@ -243,10 +246,19 @@ class CheckpointMixin:
         self._run_id = metadata.get("run_id") or uuid.uuid4().hex
         self.wandb_identity = metadata.get("wandb") or getattr(self, "wandb_identity", None)
         self._metrics.clear()
-        for name, values in (metadata.get("metrics") or {}).items():
+        metrics, pending_loss = metadata.get("metrics") or {}, metadata.get("pending_loss", 0.0)
+        if self._distributed and metadata.get("rank_metrics"):  # each process gets back its own buffers
+            rank = self.args.process_index
+            if len(metadata["rank_metrics"]) != self.args.world_size:
+                raise CheckpointError(
+                    f"the checkpoint was written by {len(metadata['rank_metrics'])} processes, this run has "
+                    f"{self.args.world_size}; resume with the same number of processes"
+                )
+            metrics, pending_loss = metadata["rank_metrics"][rank], metadata["rank_pending_loss"][rank]
+        for name, values in metrics.items():
             self._metrics[name] = list(values)
         self.add_callback(_RestoreLogAccumulators(
-            self, metadata.get("pending_loss", 0.0), metadata.get("last_logged_step", metadata["global_step"])))
+            self, pending_loss, metadata.get("last_logged_step", metadata["global_step"])))
 
     # ---- saving ----
     def _save_checkpoint(self, model, trial) -> None:
@@ -255,8 +267,23 @@ class CheckpointMixin:
         count = self._checkpoint_count(kind)
         if self.hp_search_backend is None and trial is None:
             self.store_flos()
+        pending_loss = self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0
+        if self._distributed:  # every process's RNG and unlogged buffers, written by process 0
+            per_rank = self._gather_objects({
+                "rng": self._local_rng_state(), "metrics": {k: list(v) for k, v in self._metrics.items()},
+                "pending_loss": pending_loss,
+            })
+            try:
+                if self.args.should_save:
+                    self._write_checkpoint(kind, count, pending_loss, per_rank)
+            finally:
+                self.accelerator.wait_for_everyone()
+            return
         if not self.args.should_save:
             return
+        self._write_checkpoint(kind, count, pending_loss, None)
+
+    def _write_checkpoint(self, kind: str, count: int, pending_loss: float, per_rank: list | None) -> None:
         parent = self._checkpoint_dir or self.args.output_dir
         name = checkpoint_name(kind, count)
         staging = None
@@ -266,7 +293,11 @@ class CheckpointMixin:
             if not self.args.save_only_model:
                 self._save_optimizer_and_scheduler(staging)
                 self._save_scaler(staging)
-                self._save_rng_state(staging)
+                if per_rank is None:
+                    self._save_rng_state(staging)
+                else:  # Trainer's file names: `_load_rng_state` reads rng_state_{process_index}.pth
+                    for rank, part in enumerate(per_rank):
+                        torch.save(part["rng"], os.path.join(staging, f"rng_state_{rank}.pth"))
             for callback in self.callback_handler.callbacks + [self.control]:
                 if isinstance(callback, ExportableState):
                     state = callback.state()
@@ -301,7 +332,12 @@ class CheckpointMixin:
                 "run_id": getattr(self, "_run_id", None),
                 "wandb": getattr(self, "wandb_identity", None),
                 "metrics": {k: list(v) for k, v in self._metrics.items()},
-                "pending_loss": self._tr_loss.item() if hasattr(self, "_tr_loss") else 0.0,
+                "pending_loss": pending_loss,
+                **({} if per_rank is None else {
+                    "world_size": len(per_rank),
+                    "rank_metrics": [part["metrics"] for part in per_rank],
+                    "rank_pending_loss": [part["pending_loss"] for part in per_rank],
+                }),
                 "last_logged_step": getattr(self, "_globalstep_last_logged", self.state.global_step),
                 "fingerprint": self.compatibility_fingerprint(),
                 "extra": extra,

@@ -70,6 +70,14 @@ class MultiAgentConfig(TrainingArguments):
         log_completions (`bool`, defaults to `False`): log a table of prompts and each agent's completion at
             every log (printed, and to W&B when it reports there).
         num_completions_to_print (`int`, defaults to `4`): rows of that table.
+
+    > Distributed training
+
+        seed_generation_per_prompt (`bool`, defaults to `False`): generate each prompt's K samples in a `generate`
+            call of their own, under an RNG seeded from (`seed`, global step, the prompt's dataset index, agent).
+            Rollouts then depend neither on which other prompts share the batch nor on how many processes
+            share the global batch, so a 2-process run reproduces the 1-process run. Single-turn only; slower
+            (one call per prompt instead of one per batch).
     """
 
     # ---- TrainingArguments defaults we change ----
@@ -148,6 +156,11 @@ class MultiAgentConfig(TrainingArguments):
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy (0 keeps no reference)."})
     log_completions: bool = field(default=False, metadata={"help": "Log a table of sampled completions."})
+    seed_generation_per_prompt: bool = field(
+        default=False,
+        metadata={"help": "Sample each prompt's group in its own generate call, seeded from (seed, step, dataset index, "
+                          "agent): rollouts then do not depend on the batch or the number of processes (single-turn; slower)."},
+    )
     num_completions_to_print: int = field(default=4, metadata={"help": "Rows of the completions table."})
 
     def __post_init__(self):
@@ -216,6 +229,8 @@ class MultiAgentConfig(TrainingArguments):
             raise ValueError(f"num_train_epochs must be a finite number >= 0, got {epochs!r}")
         if epochs == 0 and (self.max_steps is None or self.max_steps <= 0):
             raise ValueError("num_train_epochs=0 with no max_steps trains nothing; set num_train_epochs > 0 or max_steps")
+        if self.seed_generation_per_prompt and self.num_turns != 1:
+            raise ValueError(f"seed_generation_per_prompt supports num_turns=1 only, got num_turns={self.num_turns}")
         threshold = self.early_termination_threshold
         if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
                                       or math.isnan(threshold)):

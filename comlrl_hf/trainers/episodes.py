@@ -15,6 +15,7 @@ import torch
 from ..rollout.generation import AgentRollout, generate_completions
 from ..rollout.multiturn import TransitionCaller, TurnRollout, roll_out_tree
 from ..rollout.rewards import JointRewardCaller
+from ..rollout.seeded import generate_per_prompt, prompt_seed
 from ..utils.logprobs import completion_logps
 from ..utils.losses import masked_mean, policy_loss
 
@@ -72,6 +73,13 @@ class EpisodeMixin:
 
     # ---- generation and scoring ----
     def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
+        indices = getattr(self, "_prompt_indices", None)  # set during training with seed_generation_per_prompt
+        if do_sample and indices is not None:
+            seeds = [prompt_seed(self.args.seed, self.state.global_step, index, agent_index) for index in indices]
+            return generate_per_prompt(
+                self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
+                self.args.generation_kwargs(do_sample=True), seeds,
+            )
         return generate_completions(
             self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
             self.args.generation_kwargs(do_sample=do_sample),
@@ -85,7 +93,7 @@ class EpisodeMixin:
         return roll_out_tree(
             batch,
             generate=lambda i, prompts, k: self._generate_for(i, prompts, k, do_sample),
-            generate_all=self._generate_all_agents(do_sample),
+            generate_all=None if getattr(self, "_prompt_indices", None) is not None else self._generate_all_agents(do_sample),
             formatters=self.formatters, score=self._score, transition=self.transition_caller,
             num_generations=num_generations, num_turns=self.args.num_turns, joint_mode=joint_mode,
             early_termination_threshold=threshold, external_prompt_passthrough=self.args.external_prompt_passthrough,
@@ -160,6 +168,7 @@ class EpisodeMixin:
                 diagnostics.setdefault(name, []).append(value)
         total = sum(weights)
         loss = sum(w / total * l for w, l in zip(weights, losses))
+        loss = self._scale_for_ranks(loss, total)  # N processes: weight this rank's loss by its share of rows/tokens
         prefix = f"agent_{agent_index}"
         self.record_metric(f"{prefix}/loss", loss.detach())
         for name, values in diagnostics.items():

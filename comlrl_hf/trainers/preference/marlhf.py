@@ -91,6 +91,7 @@ class MARLHFTrainer(MultiAgentTrainer):
 
     config_class = MARLHFConfig
     algorithm_name = "MARLHF"
+    supports_data_parallel = False  # pair collection and reward-model training are not distributed yet
     _backend = None
 
     def __new__(cls, *args, **kwargs):

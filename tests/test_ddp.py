@@ -1,0 +1,101 @@
+"""Data-parallel training: a real 2-process run on CPU (gloo) against the 1-process run with the same global
+batch, exact resume under 2 processes, and the pieces that make it work (sharded batches, seeded generation)."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+from accelerate.data_loader import BatchSamplerShard
+
+from comlrl_hf.rollout.generation import generate_completions
+from comlrl_hf.rollout.seeded import generate_per_prompt
+from comlrl_hf.trainers.base import PromptBatchSampler
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import ddp_worker  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_process_magrpo_equals_one_process_and_resumes_exactly(llama_dir, qwen_dir, tmp_path):
+    out = tmp_path / "ddp"
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join([os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
+               "--master_port", str(_free_port()), os.path.join(HERE, "ddp_worker.py"), str(out), str(llama_dir),
+               str(qwen_dir), "grpo"]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+
+    ranks = [torch.load(out / f"weights_rank{r}.pt", weights_only=True) for r in range(2)]
+    logs = [json.load(open(out / f"logs_rank{r}.json")) for r in range(2)]
+    # the two processes hold bitwise identical agents (gradients averaged, same optimizer steps)
+    for run in ("full", "resumed"):
+        assert all(torch.equal(ranks[0][run][k], ranks[1][run][k]) for k in ranks[0][run])
+    # resume under 2 processes (from checkpoint-1, per-process RNG files) is bitwise exact
+    assert all(torch.equal(ranks[0]["full"][k], ranks[0]["resumed"][k]) for k in ranks[0]["full"])
+    opt_full, opt_resumed = ranks[0]["full_optimizer"], ranks[0]["resumed_optimizer"]
+    assert all(torch.equal(opt_full["state"][k][n], opt_resumed["state"][k][n]) for k in opt_full["state"] for n in opt_full["state"][k])
+    assert logs[0]["full"] == logs[0]["resumed"] and logs[0]["env_step"] == [64, 64]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(logs[0]["files"]) and "rng_state.pth" not in logs[0]["files"]
+    assert sorted(os.listdir(out / "full")) == ["checkpoint-1", "checkpoint-2"]  # written once, by process 0
+
+    # one process, same global batch (4 prompts per step), same seeded samples
+    os.chdir(tmp_path)
+    single = ddp_worker.build([llama_dir, qwen_dir], 2, 1, "grpo")
+    single.train()
+    expected = ddp_worker.snapshot(single)
+    initial = ddp_worker.snapshot(ddp_worker.build([llama_dir, qwen_dir], 2, 1, "grpo"))
+    moved = max((expected[k] - initial[k]).abs().max().item() for k in expected)
+    gap = max((ranks[0]["full"][k] - expected[k]).abs().max().item() for k in expected)
+    assert moved > 1e-3 and gap < 2e-5, (moved, gap)  # float-summation order only (observed ~2e-6)
+    one = ddp_worker.step_logs(single)
+    assert len(one) == len(logs[0]["full"]) == 4
+    for a, b in zip(logs[0]["full"], one):
+        assert a["env_step"] == b["env_step"] and a["reward"] == pytest.approx(b["reward"], abs=1e-6)  # same samples
+        for key in ("grad_norm", "agent_0/grad_norm", "agent_1/grad_norm", "agent_0/entropy"):
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+        assert a["loss"] == pytest.approx(b["loss"], abs=1e-6)
+
+
+def test_sharded_prompt_batches_are_the_one_process_batch_split_in_order():
+    for repeats, group in ((1, 1), (2, 1), (2, 2), (1, 3)):
+        one = list(PromptBatchSampler(12, 4, shuffle=True, seed=3, group_size=group, repeats=repeats))
+        two = PromptBatchSampler(12, 2, shuffle=True, seed=3, group_size=group, repeats=repeats, world_size=2)
+        shards = [list(BatchSamplerShard(two, num_processes=2, process_index=r)) for r in range(2)]
+        assert len(shards[0]) == len(shards[1]) == len(one) == len(two) // 2
+        assert [a + b for a, b in zip(*shards)] == one
+    # a last global batch too small for every process is dropped (10 prompts, 2 x 2 per step: 2 steps)
+    two = PromptBatchSampler(10, 2, shuffle=False, seed=0, world_size=2)
+    assert list(two) == [[0, 1], [2, 3], [4, 5], [6, 7]] and len(two) == 4
+
+
+def test_seeded_generation_does_not_depend_on_the_batch(qwen_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model, tok = AutoModelForCausalLM.from_pretrained(qwen_dir), AutoTokenizer.from_pretrained(qwen_dir)
+    kwargs = dict(max_new_tokens=6, do_sample=True, temperature=1.0, top_p=1.0, top_k=0)
+    both = generate_per_prompt(model, tok, ["a short one", "a much longer prompt than the first"], 3, kwargs, [11, 22])
+    alone = generate_per_prompt(model, tok, ["a much longer prompt than the first"], 3, kwargs, [22])
+    assert both.completions[3:] == alone.completions
+    width = alone.completion_ids.shape[1]
+    assert torch.equal(both.completion_ids[3:, :width], alone.completion_ids)
+    assert torch.equal(both.completion_mask[3:, :width], alone.completion_mask)
+    assert torch.equal(both.prompt_ids[3:], alone.prompt_ids) and torch.equal(both.prompt_mask[3:], alone.prompt_mask)
+    torch.manual_seed(0)
+    state = torch.random.get_rng_state()
+    generate_per_prompt(model, tok, ["x"], 2, kwargs, [5])
+    assert torch.equal(state, torch.random.get_rng_state())  # the global stream is untouched
+    # one prompt, plain generation under the same seed: the same samples
+    torch.manual_seed(22)
+    plain = generate_completions(model, tok, ["a much longer prompt than the first"], 3, kwargs)
+    assert plain.completions == alone.completions
