@@ -41,7 +41,35 @@ PROMPTS = [
 ]
 
 
+# Random-initialised shapes for the GPU check (no weights needed): SmolLM2-135M and Qwen2.5-0.5B.
+SHAPES = {
+    "smollm2-shaped": ("llama", dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                                     num_key_value_heads=3, vocab_size=49152)),
+    "0.5b-shaped": ("qwen2", dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                                  num_key_value_heads=2, vocab_size=151936)),
+}
+
+
+def _random_model_dir(shape: str, workdir: str) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from comlrl_hf.testing import build_tokenizer
+
+    arch, sizes = SHAPES[shape]
+    tokenizer = build_tokenizer("bpe")
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    config = config_cls(max_position_embeddings=1024, tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, **sizes)
+    path = os.path.join(workdir, shape)
+    model_cls(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def _model_dirs(model: str, workdir: str) -> list[str]:
+    if model in SHAPES:
+        path = _random_model_dir(model, workdir)
+        return [path, path]
     sys.path.insert(0, HERE)
     from magrpo_step import model_pair
 
@@ -80,9 +108,15 @@ def _run_ours(args, dirs: list[str]) -> dict:
     config = MAGRPOConfig(
         output_dir=os.path.join(tempfile.mkdtemp(), "out"), num_train_epochs=1, num_generations=4,
         max_new_tokens=args.tokens, min_new_tokens=args.tokens, per_device_train_batch_size=args.batch or args.prompts,
-        report_to=[], disable_tqdm=True, logging_steps=1000, save_strategy="no",
+        report_to=[], disable_tqdm=True, logging_steps=1000, save_strategy="no", bf16=args.bf16,
     )
-    trainer = MAGRPOTrainer(agents=dirs, reward_func=length_ratio_reward, train_dataset=dataset, args=config)
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=16, lora_alpha=32, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    trainer = MAGRPOTrainer(agents=dirs, reward_func=length_ratio_reward, train_dataset=dataset, args=config,
+                            peft_config=peft_config, model_config={"dtype": "bfloat16"} if args.bf16 else None)
     timer = {"seconds": 0.0, "tokens": 0}
     _timed_generate(trainer.agents, timer)
     start = time.perf_counter()
@@ -102,11 +136,13 @@ def _floor(trainer, args) -> float:
     prompts = (PROMPTS * 4)[: args.prompts]
     start = time.perf_counter()
     for i, agent in enumerate(trainer.agents):
-        rollout = trainer._generate_for(i, prompts, 4)
+        rollout = trainer._generate_for(i, prompts, 4)  # one call per agent (the floor does not share a base)
         logps, _ = completion_logps(agent, rollout.prompt_ids, rollout.prompt_mask, rollout.completion_ids,
                                     rollout.completion_mask, temperature=trainer.args.temperature)
         (-(logps * rollout.completion_mask).sum() / rollout.completion_mask.sum()).backward()
         agent.zero_grad(set_to_none=True)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -134,7 +170,10 @@ def _run_comlrl(args, dirs: list[str]) -> dict:
 
 
 def _figures(seconds: float, env_steps: int, timer: dict, steps: int) -> dict:
-    return {
+    import torch
+
+    gpu = {"peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20} if torch.cuda.is_available() else {}
+    return {**gpu,
         "env_steps_per_s": env_steps / seconds, "seconds": seconds, "gen_tok_per_s": timer["tokens"] / max(timer["seconds"], 1e-9),
         "gen_share": timer["seconds"] / seconds, "update_s_per_step": (seconds - timer["seconds"]) / steps,
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -147,12 +186,16 @@ def _warm_up(dirs: list[str]) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for d in dict.fromkeys(dirs):
-        model, tokenizer = AutoModelForCausalLM.from_pretrained(d), AutoTokenizer.from_pretrained(d)
-        ids = tokenizer(["warm up"], return_tensors="pt")
+        model, tokenizer = AutoModelForCausalLM.from_pretrained(d).to(device), AutoTokenizer.from_pretrained(d)
+        ids = tokenizer(["warm up"], return_tensors="pt").to(device)
         model.generate(**ids, max_new_tokens=4, do_sample=True, pad_token_id=tokenizer.pad_token_id or tokenizer.eos_token_id)
         model(**ids, labels=ids["input_ids"]).loss.backward()
         del model
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     torch.manual_seed(0)
 
 
@@ -172,6 +215,8 @@ def _child(args) -> None:
 def _spawn(library: str, args, prompts: int) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--child", library, "--model", args.model, "--tokens",
                str(args.tokens), "--prompts", str(prompts)] + (["--batch", str(args.batch)] if args.batch else [])
+    command += ["--lora"] if args.lora else []
+    command += ["--bf16"] if args.bf16 else []
     env = dict(os.environ)
     if library == "comlrl":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (args.comlrl_path, env.get("PYTHONPATH")) if p)
@@ -184,7 +229,9 @@ def _spawn(library: str, args, prompts: int) -> dict:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", choices=["tiny", "smollm2"], default="tiny")
+    p.add_argument("--model", choices=["tiny", "smollm2", *SHAPES], default="tiny")
+    p.add_argument("--lora", action="store_true", help="ours: LoRA r=16 on q/k/v/o, agents sharing one base")
+    p.add_argument("--bf16", action="store_true", help="bfloat16 weights and autocast (GPU)")
     p.add_argument("--prompts", type=int, nargs="+", default=[4, 16])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=None, help="ours: prompts per step (default: all prompts)")
@@ -197,9 +244,13 @@ def main(argv=None):
         args.prompts = args.prompts[0]
         return _child(args)
     libraries = ["ours", "comlrl"] if args.compare_comlrl else ["ours"]
-    print(f"model {args.model}; 2 agents, K=4, {args.tokens} forced tokens, 1 epoch, full fine-tune; "
+    if args.lora and args.compare_comlrl:
+        p.error("--lora runs comlrl_hf only (the original has no LoRA path to compare)")
+    tuning = "LoRA r=16 (shared base)" if args.lora else "full fine-tune"
+    print(f"model {args.model}; 2 agents, K=4, {args.tokens} forced tokens, 1 epoch, {tuning}, "
+          f"{'bf16' if args.bf16 else 'fp32'}; "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of {args.repeats}")
-    print("| library | prompts | env-steps/s | gen tok/s | gen share | update s/step | peak RSS MiB | floor s / step s |")
+    print("| library | prompts | env-steps/s | gen tok/s | gen share | update s/step | peak RSS MiB | floor s / train s |")
     print("|---|---|---|---|---|---|---|---|")
     for prompts in args.prompts:
         runs = {lib: [] for lib in libraries}
@@ -209,8 +260,9 @@ def main(argv=None):
         med = {lib: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for lib, rs in runs.items()}
         for lib, m in med.items():
             floor = f"{m['floor_s']:.2f} / {m['seconds']:.2f}" if "floor_s" in m else "-"
+            memory = f"{m['peak_rss_mib']:.0f}" + (f" (GPU {m['peak_gpu_mib']:.0f})" if "peak_gpu_mib" in m else "")
             print(f"| {lib} | {prompts} | {m['env_steps_per_s']:.2f} | {m['gen_tok_per_s']:.0f} | {m['gen_share']:.0%} | "
-                  f"{m['update_s_per_step']:.2f} | {m['peak_rss_mib']:.0f} | {floor} |")
+                  f"{m['update_s_per_step']:.2f} | {memory} | {floor} |")
         if "comlrl" in med:
             print(f"| ratio ours/comlrl | {prompts} | {med['ours']['env_steps_per_s'] / med['comlrl']['env_steps_per_s']:.2f}x | "
                   f"| | | {med['ours']['peak_rss_mib'] / med['comlrl']['peak_rss_mib']:.2f}x | |")
