@@ -109,6 +109,7 @@ def _run_ours(args, dirs: list[str]) -> dict:
         output_dir=os.path.join(tempfile.mkdtemp(), "out"), num_train_epochs=1, num_generations=4,
         max_new_tokens=args.tokens, min_new_tokens=args.tokens, per_device_train_batch_size=args.batch or args.prompts,
         report_to=[], disable_tqdm=True, logging_steps=1000, save_strategy="no", bf16=args.bf16,
+        loss_chunk_size=args.loss_chunk,
     )
     peft_config = None
     if args.lora:
@@ -217,6 +218,7 @@ def _spawn(library: str, args, prompts: int) -> dict:
                str(args.tokens), "--prompts", str(prompts)] + (["--batch", str(args.batch)] if args.batch else [])
     command += ["--lora"] if args.lora else []
     command += ["--bf16"] if args.bf16 else []
+    command += ["--loss-chunk", str(args.loss_chunk)] if args.loss_chunk else []
     env = dict(os.environ)
     if library == "comlrl":
         env["PYTHONPATH"] = os.pathsep.join(p for p in (args.comlrl_path, env.get("PYTHONPATH")) if p)
@@ -232,6 +234,7 @@ def main(argv=None):
     p.add_argument("--model", choices=["tiny", "smollm2", *SHAPES], default="tiny")
     p.add_argument("--lora", action="store_true", help="ours: LoRA r=16 on q/k/v/o, agents sharing one base")
     p.add_argument("--bf16", action="store_true", help="bfloat16 weights and autocast (GPU)")
+    p.add_argument("--loss-chunk", type=int, default=None, help="ours: loss_chunk_size (rows per loss forward+backward)")
     p.add_argument("--prompts", type=int, nargs="+", default=[4, 16])
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--batch", type=int, default=None, help="ours: prompts per step (default: all prompts)")
@@ -247,6 +250,7 @@ def main(argv=None):
     if args.lora and args.compare_comlrl:
         p.error("--lora runs comlrl_hf only (the original has no LoRA path to compare)")
     tuning = "LoRA r=16 (shared base)" if args.lora else "full fine-tune"
+    tuning += f", loss_chunk_size={args.loss_chunk}" if args.loss_chunk else ""
     print(f"model {args.model}; 2 agents, K=4, {args.tokens} forced tokens, 1 epoch, {tuning}, "
           f"{'bf16' if args.bf16 else 'fp32'}; "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of {args.repeats}")

@@ -408,16 +408,22 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         if self._distributed:  # every process counted its own joint actions
             self.env_step = env_before + self._sum_across_ranks(self.env_step - env_before)
         total = torch.zeros((), device=self.args.device)
-        for i in range(self.num_agents):
-            with self.compute_loss_context_manager():
-                loss = self.agent_loss(i, rollout)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"agent {i} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}"
-                )
-            loss = loss / self.current_gradient_accumulation_steps
-            self.accelerator.backward(loss)
-            total += loss.detach()
+        # `loss_chunk_size`: the policy loss runs its own backward per chunk of rows through this
+        self._chunk_backward = lambda part: self.accelerator.backward(part / self.current_gradient_accumulation_steps)
+        try:
+            for i in range(self.num_agents):
+                with self.compute_loss_context_manager():
+                    loss = self.agent_loss(i, rollout)
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"agent {i} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}"
+                    )
+                loss = loss / self.current_gradient_accumulation_steps
+                if loss.requires_grad:  # else every part already went backward chunk by chunk
+                    self.accelerator.backward(loss)
+                total += loss.detach()
+        finally:
+            self._chunk_backward = None
         for name, loss in self.shared_losses(rollout).items():  # e.g. a centralized critic: once per step
             if not torch.isfinite(loss):
                 raise FloatingPointError(f"{name} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}")

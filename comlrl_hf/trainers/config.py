@@ -61,6 +61,8 @@ class MultiAgentConfig(TrainingArguments):
         num_ppo_epochs (`int`, defaults to `1`): optimizer passes per rollout batch; above 1 the ratio to the
             sampling policy is clipped to [1 - epsilon, 1 + epsilon_high]. (TRL's GRPOConfig calls this
             `num_iterations`; here that name belongs to MARLHFIter's outer iterations, spec §5.)
+        loss_chunk_size (`int` or `None`): rows per forward+backward of the policy loss; generation still batches
+            the whole step, while activation memory is bounded by the chunk (same gradient up to rounding).
         epsilon (`float`, defaults to `0.2`), epsilon_high (`float` or `None`: same as epsilon)
         beta (`float`, defaults to `0.0`): weight of the k3 KL to a frozen copy of each initial agent (0: no
             reference model is kept).
@@ -152,6 +154,11 @@ class MultiAgentConfig(TrainingArguments):
         default="grpo", metadata={"help": f"Loss normalisation, one of {LOSS_TYPES}.", "choices": list(LOSS_TYPES)}
     )
     num_ppo_epochs: int = field(default=1, metadata={"help": "Optimizer passes per rollout batch (mu)."})
+    loss_chunk_size: int | None = field(
+        default=None,
+        metadata={"help": "Rows per forward+backward of the policy loss (None: all rows of a turn at once); bounds "
+                          "activation memory when a step generates many rows, with the same gradient."},
+    )
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the policy ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})
     beta: float = field(default=0.0, metadata={"help": "KL coefficient to the initial policy (0 keeps no reference)."})
@@ -200,6 +207,8 @@ class MultiAgentConfig(TrainingArguments):
             positive_int("top_k", self.top_k, 0)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {self.loss_type!r}")
+        if self.loss_chunk_size is not None:
+            positive_int("loss_chunk_size", self.loss_chunk_size)
         if not isinstance(self.num_ppo_epochs, int) or self.num_ppo_epochs < 1:
             raise ValueError(f"num_ppo_epochs must be an integer >= 1, got {self.num_ppo_epochs!r}")
         if not self.epsilon > 0 or (self.epsilon_high is not None and not self.epsilon_high > 0):

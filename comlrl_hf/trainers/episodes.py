@@ -5,6 +5,7 @@ clipped policy loss over turns, the sample table and evaluation. Algorithms only
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -149,26 +150,44 @@ class EpisodeMixin:
 
     def policy_loss_over_turns(self, agent_index: int, turns: list[TurnRollout]) -> torch.Tensor:
         """The clipped policy-gradient loss over every turn's rows, each turn weighted by its share of the
-        rows (tokens for `loss_type="dapo"`), so one turn of many nodes counts as much as it holds."""
+        rows (tokens for `loss_type="dapo"`), so one turn of many nodes counts as much as it holds.
+
+        With `loss_chunk_size`, rows go through forward+backward in chunks of that many (each weighted by its
+        share, which gives the same gradient: every loss type is a weighted mean over rows or tokens), so
+        activation memory stays bounded however many rows a step generated. The chunks' gradients are then
+        already accumulated, and the returned loss carries no graph."""
         args = self.args
-        losses, weights, diagnostics = [], [], {}
+        pieces = []  # (turn, rows of that turn)
         for turn in turns:
+            rows = turn.agents[agent_index].completion_ids.shape[0]
+            size = args.loss_chunk_size or rows
+            pieces += [(turn, slice(start, min(start + size, rows))) for start in range(0, rows, size)]
+        masks = [turn.agents[agent_index].completion_mask[rows] for turn, rows in pieces]
+        weights = [float(m.sum()) if args.loss_type == "dapo" else float(m.shape[0]) for m in masks]
+        total = sum(weights)
+        backward = getattr(self, "_chunk_backward", None) if len(pieces) > len(turns) else None
+        share = self._scale_for_ranks(torch.ones(()), total) if backward is not None else None
+        losses, diagnostics = [], {}
+        for (turn, rows), mask, weight in zip(pieces, masks, weights):
             r = turn.agents[agent_index]
+            if rows.stop - rows.start < r.completion_ids.shape[0]:
+                r = _row_slice(r, rows)
             logps, entropy = self._logps(agent_index, r, with_entropy=True)
             old_logps = r.old_logps if r.old_logps is not None else logps.detach()
             loss, stats = policy_loss(
-                logps, old_logps, turn.advantages[agent_index], r.completion_mask,
+                logps, old_logps, turn.advantages[agent_index][rows], mask,
                 epsilon_low=args.epsilon, epsilon_high=args.epsilon_high, loss_type=args.loss_type,
                 ref_logps=r.ref_logps, beta=args.beta, max_completion_length=args.max_new_tokens,
             )
+            if backward is not None:  # free this chunk's activations now
+                backward(weight / total * share.to(loss.device) * loss)
+                loss = loss.detach()
             losses.append(loss)
-            weights.append(float(r.completion_mask.sum()) if args.loss_type == "dapo" else float(r.completion_ids.shape[0]))
-            stats["entropy"] = masked_mean(entropy, r.completion_mask)
+            stats["entropy"] = masked_mean(entropy, mask)
             for name, value in stats.items():
                 diagnostics.setdefault(name, []).append(value)
-        total = sum(weights)
         loss = sum(w / total * l for w, l in zip(weights, losses))
-        loss = self._scale_for_ranks(loss, total)  # N processes: weight this rank's loss by its share of rows/tokens
+        loss = self._scale_for_ranks(loss, total) if backward is None else loss * share.to(loss.device)
         prefix = f"agent_{agent_index}"
         self.record_metric(f"{prefix}/loss", loss.detach())
         for name, values in diagnostics.items():
@@ -239,3 +258,12 @@ class EpisodeMixin:
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(self.args, self.state, self.control, metrics)
         return metrics
+
+
+def _row_slice(r: AgentRollout, rows: slice) -> AgentRollout:
+    """Rows `rows` of one agent's rollout (every per-row tensor and text)."""
+    optional = {name: getattr(r, name)[rows] if getattr(r, name) is not None else None for name in ("old_logps", "ref_logps")}
+    return dataclasses.replace(
+        r, prompt_ids=r.prompt_ids[rows], prompt_mask=r.prompt_mask[rows], completion_ids=r.completion_ids[rows],
+        completion_mask=r.completion_mask[rows], completions=r.completions[rows], **optional,
+    )
