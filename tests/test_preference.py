@@ -153,6 +153,10 @@ def test_iterations_resume_across_boundaries_and_can_be_raised(llama_dir):
     mid.train(resume_from_checkpoint="full/checkpoint-4", checkpoint_dir="mid")  # iteration 1's pairs
     assert calls == {"pairs": 0, "reward_model": 1}
     assert _same(_weights(full), _weights(mid)) and mid.preference_history == full.preference_history
+    # a stage checkpoint written by a resumed run resumes exactly too (it must carry the restored RNG)
+    chained = _build(llama_dir, MARLHFIterTrainer, MARLHFIterConfig, num_train_epochs=1, num_iterations=2)
+    chained.train(resume_from_checkpoint="mid/checkpoint-5", checkpoint_dir="chained")
+    assert _same(_weights(full), _weights(chained)) and _step_logs(full) == _step_logs(chained)
 
 
 @pytest.mark.parametrize("algorithm, backend", [("iac", IACTrainer), ("maac", MAACTrainer)])

@@ -412,6 +412,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         self._chunk_backward = lambda part: self.accelerator.backward(part / self.current_gradient_accumulation_steps)
         try:
             for i in range(self.num_agents):
+                self._policy_loss_streamed = False
                 with self.compute_loss_context_manager():
                     loss = self.agent_loss(i, rollout)
                 if not torch.isfinite(loss):
@@ -419,7 +420,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                         f"agent {i} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}"
                     )
                 loss = loss / self.current_gradient_accumulation_steps
-                if loss.requires_grad:  # else every part already went backward chunk by chunk
+                if loss.requires_grad or not self._policy_loss_streamed:  # streamed: its chunks went backward
                     self.accelerator.backward(loss)
                 total += loss.detach()
         finally:
@@ -471,6 +472,3 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         with open(os.path.join(output_dir, "training_args.json"), "w", encoding="utf-8") as f:
             f.write(self.args.to_json_string())
 
-    def create_model_card(self, *args, **kwargs) -> None:
-        """The default card reads `model.config`, which the container does not have; cards are per agent."""
-        return None

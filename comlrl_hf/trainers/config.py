@@ -157,7 +157,7 @@ class MultiAgentConfig(TrainingArguments):
     loss_chunk_size: int | None = field(
         default=None,
         metadata={"help": "Rows per forward+backward of the policy loss (None: all rows of a turn at once); bounds "
-                          "activation memory when a step generates many rows, with the same gradient."},
+                          "the policy loss's activation memory when a step generates many rows, with the same gradient."},
     )
     epsilon: float = field(default=0.2, metadata={"help": "Lower clipping range of the policy ratio."})
     epsilon_high: float | None = field(default=None, metadata={"help": "Upper clipping range (None: epsilon)."})

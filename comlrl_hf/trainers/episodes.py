@@ -153,9 +153,10 @@ class EpisodeMixin:
         rows (tokens for `loss_type="dapo"`), so one turn of many nodes counts as much as it holds.
 
         With `loss_chunk_size`, rows go through forward+backward in chunks of that many (each weighted by its
-        share, which gives the same gradient: every loss type is a weighted mean over rows or tokens), so
-        activation memory stays bounded however many rows a step generated. The chunks' gradients are then
-        already accumulated, and the returned loss carries no graph."""
+        share, which gives the same gradient: every loss type is a weighted mean over rows or tokens), so the
+        policy loss's activations stay bounded however many rows a step generated. The chunks' gradients are then
+        already accumulated, and the returned loss carries no graph. (Reference/old log-probs and critic values
+        still run over all rows, without gradients for the former.)"""
         args = self.args
         pieces = []  # (turn, rows of that turn)
         for turn in turns:
@@ -180,8 +181,13 @@ class EpisodeMixin:
                 ref_logps=r.ref_logps, beta=args.beta, max_completion_length=args.max_new_tokens,
             )
             if backward is not None:  # free this chunk's activations now
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(
+                        f"agent {agent_index} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}"
+                    )
                 backward(weight / total * share.to(loss.device) * loss)
                 loss = loss.detach()
+                self._policy_loss_streamed = True
             losses.append(loss)
             stats["entropy"] = masked_mean(entropy, mask)
             for name, value in stats.items():

@@ -14,13 +14,16 @@ stage ran in this process or was restored from a checkpoint; a finished stage is
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
 import logging
 import math
 import os
+import random
 
+import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
@@ -44,13 +47,21 @@ _BACKENDS = {"iac": IACTrainer, "maac": MAACTrainer}  # every other rl_algorithm
 _SIGNATURE = inspect.signature(MultiAgentTrainer.__init__)
 
 
+@contextlib.contextmanager
 def _seeded_stream(seed: int):
-    """A private random stream: the caller's CPU and CUDA generators are untouched afterwards."""
+    """A private random stream: torch (CPU and CUDA), Python's and NumPy's generators are seeded inside and
+    left exactly as they were afterwards (a reward function may draw from any of them)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    stream = torch.random.fork_rng(devices=devices)
-    stream.__enter__()
-    torch.manual_seed(seed)
-    return stream
+    python_state, numpy_state = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            random.seed(seed)
+            np.random.seed(seed % 2**32)
+            yield
+    finally:
+        random.setstate(python_state)
+        np.random.set_state(numpy_state)
 
 
 @functools.cache
@@ -68,7 +79,8 @@ class _PreferenceStages(TrainerCallback):
         self.trainer._run_stages(math.floor(state.epoch + 1e-9))
 
     def on_epoch_end(self, args, state, control, **kwargs):
-        self.trainer._boundaries += 1
+        if abs(state.epoch - round(state.epoch)) < 1e-6:  # not when `max_steps` stopped the epoch part-way
+            self.trainer._boundaries += 1
 
 
 class MARLHFTrainer(MultiAgentTrainer):
@@ -155,6 +167,11 @@ class MARLHFTrainer(MultiAgentTrainer):
 
     def _run_stages(self, epoch: int) -> None:
         iteration = self.iteration_of(epoch)
+        path, self._rng_checkpoint = getattr(self, "_rng_checkpoint", None), None
+        if path is not None:
+            # Trainer restores a resumed run's RNG only after on_epoch_begin; restore it first, so that stage
+            # checkpoints written here carry the checkpoint's RNG, as in the uninterrupted run
+            self._load_rng_state(path)
         if iteration != self._stage["iteration"]:
             self._stage = {"iteration": iteration, "pairs": None, "reward_model_trained": False}
             self.reward_model = None  # each iteration learns preferences again from the source
@@ -181,8 +198,7 @@ class MARLHFTrainer(MultiAgentTrainer):
         args = self.args
         items = [self.train_dataset[i] for i in range(len(self.train_dataset))]
         seed = args.seed + 1_000_003 * (iteration + 1)
-        stream = _seeded_stream(seed)
-        try:
+        with _seeded_stream(seed):
             selection_rng = torch.Generator().manual_seed(seed)
             pairs, size = [], args.per_device_train_batch_size
             for start in range(0, len(items), size):
@@ -199,8 +215,6 @@ class MARLHFTrainer(MultiAgentTrainer):
                             "rejected": [r.completions[n * M + l] for r in turn.agents],
                             "chosen_reward": rewards[w], "rejected_reward": rewards[l],
                         })
-        finally:
-            stream.__exit__(None, None, None)
         if not pairs:
             raise ValueError(
                 f"iteration {iteration}: the task reward tied on every candidate of every prompt, so there is no "
@@ -214,8 +228,7 @@ class MARLHFTrainer(MultiAgentTrainer):
         """Fit a fresh reward model to `pairs` (Bradley-Terry); returns this iteration's history entry."""
         args = self.args
         seed = args.seed + 1_000_003 * (iteration + 1) + 1
-        stream = _seeded_stream(seed)
-        try:
+        with _seeded_stream(seed):
             model, tokenizer = load_reward_model(self._reward_source, self.model_config, self._reward_device, seed)
             self.reward_tokenizer = tokenizer
             if args.disable_dropout:
@@ -262,8 +275,6 @@ class MARLHFTrainer(MultiAgentTrainer):
                     "loss": sum(losses) / len(losses), "accuracy": sum(accuracies) / len(accuracies),
                     "eval_accuracy": accuracy(eval_rows),
                 })
-        finally:
-            stream.__exit__(None, None, None)
         model.eval().requires_grad_(False)
         self.reward_model = model
         last = history["epochs"][-1]
@@ -318,6 +329,7 @@ class MARLHFTrainer(MultiAgentTrainer):
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         super()._load_from_checkpoint(resume_from_checkpoint, model)
+        self._rng_checkpoint = resume_from_checkpoint
         with open(os.path.join(resume_from_checkpoint, PREFERENCE_STATE_NAME), encoding="utf-8") as f:
             saved = json.load(f)
         self._stage, self.preference_history = saved["stage"], saved["history"]
