@@ -232,7 +232,7 @@ def test_construction_errors(qwen_dir, tmp_path):
     with pytest.raises(ValueError, match="critic_model_name is required"):
         MARLHFTrainer(agents=objects, tokenizer=tokenizer, reward_func=length_ratio_reward,
                       args=_config(rl_algorithm="maac", reward_model_name=qwen_dir))
-    with pytest.raises(ValueError, match="critic_model / critics need rl_algorithm 'iac' or 'maac', got 'magrpo'"):
+    with pytest.raises(ValueError, match="critic_model / critics / critic_peft_config need rl_algorithm 'iac' or 'maac', got 'magrpo'"):
         MARLHFTrainer(agent_model=qwen_dir, reward_func=length_ratio_reward, critic_model=qwen_dir, args=_config())
     with pytest.raises(OSError):  # a reward-model source that does not exist fails at construction
         MARLHFTrainer(agent_model=qwen_dir, reward_func=length_ratio_reward,

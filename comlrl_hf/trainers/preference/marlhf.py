@@ -109,12 +109,12 @@ class MARLHFTrainer(MultiAgentTrainer):
     def __new__(cls, *args, **kwargs):
         if cls._backend is not None:
             return super().__new__(cls)
-        base_kwargs = {k: v for k, v in kwargs.items() if k not in ("critic_model", "critics")}
+        base_kwargs = {k: v for k, v in kwargs.items() if k not in ("critic_model", "critics", "critic_peft_config")}
         config = _SIGNATURE.bind(None, *args, **base_kwargs).arguments.get("args")
         algorithm = config.rl_algorithm if isinstance(config, MARLHFConfig) else "magrpo"
         return super().__new__(_with_backend(cls, algorithm))
 
-    def __init__(self, *args, critic_model=None, critics=None, **kwargs):
+    def __init__(self, *args, critic_model=None, critics=None, critic_peft_config=None, **kwargs):
         arguments = _SIGNATURE.bind(None, *args, **kwargs).arguments
         arguments.pop("self")
         config = arguments.get("args") or self.config_class(output_dir=f"{self.algorithm_name}-output")
@@ -122,9 +122,11 @@ class MARLHFTrainer(MultiAgentTrainer):
         if isinstance(config, MARLHFConfig) and config.is_actor_critic:
             if critic_model is None and critics is None and (config.rl_algorithm == "maac" or config.use_separate_critic):
                 critic_model = config.critic_model_name or self._first_agent_id(arguments, "critic_model_name")
-            arguments.update(critic_model=critic_model, critics=critics)
-        elif critic_model is not None or critics is not None:
-            raise ValueError(f"critic_model / critics need rl_algorithm 'iac' or 'maac', got {config.rl_algorithm!r}")
+            arguments.update(critic_model=critic_model, critics=critics, critic_peft_config=critic_peft_config)
+        elif critic_model is not None or critics is not None or critic_peft_config is not None:
+            raise ValueError(
+                f"critic_model / critics / critic_peft_config need rl_algorithm 'iac' or 'maac', got {config.rl_algorithm!r}"
+            )
         if isinstance(config, MARLHFConfig):  # else the base constructor names the wrong config type
             self._reward_source = config.reward_model_name or self._first_agent_id(arguments, "reward_model_name")
             self._reward_device = resolve_reward_model_device(config.reward_model_device, config.device)
