@@ -58,6 +58,13 @@ def test_two_process_magrpo_equals_one_process_and_resumes_exactly(llama_dir, qw
     moved = max((expected[k] - initial[k]).abs().max().item() for k in expected)
     gap = max((ranks[0]["full"][k] - expected[k]).abs().max().item() for k in expected)
     assert moved > 1e-3 and gap < 2e-5, (moved, gap)  # float-summation order only (observed ~2e-6)
+    # a 2-process checkpoint is refused by one process before anything is restored
+    from comlrl_hf.utils import CheckpointError
+
+    other = ddp_worker.build([llama_dir, qwen_dir], 2, 1, "grpo")
+    with pytest.raises(CheckpointError, match=r"written by 2 process\(es\), this run has 1"):
+        other.train(resume_from_checkpoint=str(out / "full" / "checkpoint-1"), checkpoint_dir=str(tmp_path / "other"))
+    assert other.env_step == 0
     one = ddp_worker.step_logs(single)
     assert len(one) == len(logs[0]["full"]) == 4
     for a, b in zip(logs[0]["full"], one):

@@ -217,6 +217,12 @@ class CheckpointMixin:
         expected = f"{type(self).__module__}.{type(self).__qualname__}"
         if metadata.get("trainer_class") != expected:
             raise CheckpointError(f"checkpoint {path} was written by {metadata.get('trainer_class')}, not {expected}")
+        processes = self.args.world_size if self._distributed else 1
+        if metadata.get("world_size", 1) != processes:  # each process's RNG and buffers are in the checkpoint
+            raise CheckpointError(
+                f"checkpoint {path} was written by {metadata.get('world_size', 1)} process(es), this run has "
+                f"{processes}; resume with the same number of processes"
+            )
         saved, current = metadata.get("fingerprint", {}), self.compatibility_fingerprint()
         differences = []
         for key in ("num_agents", "agents", "critics", "tokenizers", "dataset", "stateful", "peft"):
@@ -333,8 +339,8 @@ class CheckpointMixin:
                 "wandb": getattr(self, "wandb_identity", None),
                 "metrics": {k: list(v) for k, v in self._metrics.items()},
                 "pending_loss": pending_loss,
+                "world_size": 1 if per_rank is None else len(per_rank),
                 **({} if per_rank is None else {
-                    "world_size": len(per_rank),
                     "rank_metrics": [part["metrics"] for part in per_rank],
                     "rank_pending_loss": [part["pending_loss"] for part in per_rank],
                 }),
