@@ -111,14 +111,6 @@ def check_not_already_peft(models: Sequence, owner: str = "agents") -> None:
 
 
 @contextlib.contextmanager
-def seeded(seed: int):
-    """Run LoRA initialisation from `seed` without touching the global random streams."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield
-
-
-@contextlib.contextmanager
 def _quiet_peft():
     """PEFT 0.21 reads transformers' deprecated `is_gradient_checkpointing` on every wrap (a FutureWarning the
     user cannot act on)."""

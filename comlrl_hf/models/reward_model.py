@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
 from ..utils.prompts import prompt_text
+from ..utils.seeding import seeded_stream
 from ..utils.model_sources import load_kwargs
 
 logger = logging.getLogger(__name__)
@@ -53,8 +54,7 @@ def load_reward_model(
         if tokenizer.eos_token_id is None:
             raise ValueError(f"the reward model's tokenizer ({source}) has neither a pad nor an eos token")
         tokenizer.pad_token = tokenizer.eos_token
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+    with seeded_stream(seed):
         model = AutoModelForSequenceClassification.from_pretrained(source, num_labels=1, **load_kwargs(model_config))
     model.config.pad_token_id = tokenizer.pad_token_id  # the head pools the last non-pad token
     return own_memory(model.to(device)), tokenizer

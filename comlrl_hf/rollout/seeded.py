@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from ..utils.seeding import seeded_stream
 from .generation import AgentRollout, Prompt, generate_completions
 
 
@@ -56,12 +57,9 @@ def generate_per_prompt(
     streams are left as they were)."""
     if len(seeds) != len(prompts):
         raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds")
-    device = next(model.parameters()).device
-    devices = [device] if device.type == "cuda" else []
     parts = []
     for prompt, seed in zip(prompts, seeds):
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
+        with seeded_stream(seed):
             parts.append(generate_completions(model, tokenizer, [prompt], num_generations, generation_kwargs))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     return merge_rollouts(parts, pad)

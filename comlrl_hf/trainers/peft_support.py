@@ -23,12 +23,12 @@ from ..models.peft_agents import (
     merged_copy,
     reference_for,
     resolve_peft_configs,
-    seeded,
     wrap_separate,
 )
 from ..models.value_head import save_with_value_head
 from ..rollout.generation import generate_completions_with_adapters
 from ..utils.model_sources import load_causal_lm
+from ..utils.seeding import seeded_stream
 
 
 class PeftMixin:
@@ -47,10 +47,10 @@ class PeftMixin:
         check_not_already_peft(sources)
         if backend == "shared":
             base = load_causal_lm(sources[0], self.model_config)
-            with seeded(seed):  # LoRA's random init depends on the seed only (runs and resumes agree)
+            with seeded_stream(seed):  # LoRA's random init depends on the seed only (runs and resumes agree)
                 return build_shared(base, configs)
         models = [load_causal_lm(src, self.model_config) for src in sources]
-        with seeded(seed):
+        with seeded_stream(seed):
             return [wrap_separate(model, cfg) for model, cfg in zip(models, configs)]
 
     def _reference_models(self) -> list[torch.nn.Module]:

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ...models.peft_agents import check_not_already_peft, resolve_peft_configs, seeded, wrap_separate
+from ...models.peft_agents import check_not_already_peft, resolve_peft_configs, wrap_separate
 from ...models.value_head import attach_value_head, token_values
 from ...rollout.generation import AgentRollout
 from ...rollout.multiturn import TurnRollout, discounted_returns
 from ...utils.advantages import tree_gae
 from ...utils.losses import value_loss
 from ...utils.model_sources import check_vocab_fits, load_causal_lm
+from ...utils.seeding import seeded_stream
 from ..base import MultiAgentTrainer
 from .config import ActorCriticConfig
 
@@ -69,7 +70,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
         critic = load_causal_lm(source, self.model_config)
         check_vocab_fits(critic, tokenizer, where)
         if self._critic_peft_configs is not None:
-            with seeded(seed):
+            with seeded_stream(seed):
                 critic = wrap_separate(critic, self._critic_peft_configs[index])
         return attach_value_head(critic, hidden_dim, seed)
 

@@ -14,16 +14,13 @@ stage ran in this process or was restored from a checkpoint; a finished stage is
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
 import json
 import logging
 import math
 import os
-import random
 
-import numpy as np
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
@@ -34,6 +31,7 @@ from ...utils._trl_compat import disable_dropout_in_model
 from ...utils.checkpoint import list_checkpoints
 from ...utils.model_sources import load_kwargs, source_name
 from ...utils.preference import bradley_terry_loss, select_pairs
+from ...utils.seeding import seeded_stream
 from ..actor_critic import IACTrainer, MAACTrainer
 from ..base import MultiAgentTrainer
 from ..checkpointing import EpochCheckpointCallback
@@ -45,23 +43,6 @@ PREFERENCE_STATE_NAME = "preference_state.json"
 REWARD_MODEL_DIR = "reward_model"
 _BACKENDS = {"iac": IACTrainer, "maac": MAACTrainer}  # every other rl_algorithm is the MAGRPO family
 _SIGNATURE = inspect.signature(MultiAgentTrainer.__init__)
-
-
-@contextlib.contextmanager
-def _seeded_stream(seed: int):
-    """A private random stream: torch (CPU and CUDA), Python's and NumPy's generators are seeded inside and
-    left exactly as they were afterwards (a reward function may draw from any of them)."""
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    python_state, numpy_state = random.getstate(), np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            random.seed(seed)
-            np.random.seed(seed % 2**32)
-            yield
-    finally:
-        random.setstate(python_state)
-        np.random.set_state(numpy_state)
 
 
 @functools.cache
@@ -200,7 +181,7 @@ class MARLHFTrainer(MultiAgentTrainer):
         args = self.args
         items = [self.train_dataset[i] for i in range(len(self.train_dataset))]
         seed = args.seed + 1_000_003 * (iteration + 1)
-        with _seeded_stream(seed):
+        with seeded_stream(seed):
             selection_rng = torch.Generator().manual_seed(seed)
             pairs, size = [], args.per_device_train_batch_size
             for start in range(0, len(items), size):
@@ -230,7 +211,7 @@ class MARLHFTrainer(MultiAgentTrainer):
         """Fit a fresh reward model to `pairs` (Bradley-Terry); returns this iteration's history entry."""
         args = self.args
         seed = args.seed + 1_000_003 * (iteration + 1) + 1
-        with _seeded_stream(seed):
+        with seeded_stream(seed):
             model, tokenizer = load_reward_model(self._reward_source, self.model_config, self._reward_device, seed)
             self.reward_tokenizer = tokenizer
             if args.disable_dropout:
