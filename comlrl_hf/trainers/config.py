@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
+from ..rollout.sampling import sampling_kwargs
 from ..utils.losses import LOSS_TYPES
 
 DEFAULT_AGENT_LEARNING_RATE = 5e-6
@@ -262,5 +263,5 @@ class MultiAgentConfig(TrainingArguments):
         if self.min_new_tokens:
             kwargs["min_new_tokens"] = self.min_new_tokens
         if do_sample:
-            kwargs.update(temperature=float(self.temperature), top_p=float(self.top_p), top_k=self.top_k or 0)
+            kwargs.update(sampling_kwargs(self.temperature, self.top_k, self.top_p))
         return kwargs
