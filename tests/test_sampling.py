@@ -1,5 +1,5 @@
-"""The fused temperature/top-k/top-p processor keeps exactly the tokens HF's three warpers keep, and `generate`
-samples the same sequences with it as with HF's own warpers under the same seed."""
+"""`TopKTopPSampler` keeps exactly the tokens HF's temperature/top-k/top-p warpers keep, draws from the same
+distribution, and drives `generate` reproducibly."""
 
 import pytest
 import torch
@@ -11,22 +11,36 @@ from comlrl_hf.rollout.sampling import TopKTopPSampler, sampling_kwargs
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.6, 50, 0.6), (1.0, 5, 0.9), (1.7, 200, 0.3), (0.6, 50, 1.0)])
-def test_fused_processor_equals_hf_warpers_on_random_logits(temperature, top_k, top_p):
+def test_kept_set_and_logits_equal_hf_warpers_on_random_logits(temperature, top_k, top_p):
     sampler = TopKTopPSampler(temperature, top_k, top_p)
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
         scores = torch.randn(8, 3000, generator=generator) * 4
-        fused, reference = sampler(None, scores), sampler.reference(None, scores)
-        assert torch.equal(torch.isinf(fused), torch.isinf(reference))
-        assert torch.equal(fused, reference)
+        assert torch.equal(sampler.filter(None, scores), sampler.reference(None, scores))
 
 
 def test_ties_at_the_top_k_edge_keep_every_tied_token_as_hf_does():
     sampler = TopKTopPSampler(1.0, 3, 1.0)
     scores = torch.tensor([[5.0, 4.0, 3.0, 3.0, 1.0, 0.0], [9.0, 1.0, 2.0, 3.0, 4.0, 0.0]])
-    fused = sampler(None, scores)
-    assert torch.equal(fused, sampler.reference(None, scores))
-    assert torch.isfinite(fused[0]).sum() == 4  # the 3rd and 4th logits tie: both survive top-3
+    filtered = sampler.filter(None, scores)
+    assert torch.equal(filtered, sampler.reference(None, scores))
+    assert torch.isfinite(filtered[0]).sum() == 4  # the 3rd and 4th logits tie: both survive top-3
+    torch.manual_seed(0)
+    draws = torch.stack([sampler(None, scores).argmax(-1) for _ in range(400)])
+    assert set(draws[:, 0].tolist()) == {0, 1, 2, 3}  # the tied row is drawn over the whole tie
+
+
+def test_draws_follow_hf_distribution_and_never_leave_the_kept_set():
+    sampler = TopKTopPSampler(0.8, 6, 0.9)
+    scores = torch.tensor([[2.0, 1.5, 1.4, 0.3, -0.2, -1.0, -3.0, 4.0, 0.9, -5.0]])
+    target = sampler.reference(None, scores).softmax(-1)[0]
+    torch.manual_seed(0)
+    n = 20000
+    out = sampler(None, scores.expand(n, -1).contiguous())
+    assert torch.equal((out == 0).sum(-1), torch.ones(n, dtype=torch.long))  # one token per row, argmax = draw
+    counts = torch.bincount(out.argmax(-1), minlength=scores.shape[1]).double() / n
+    assert torch.all(counts[target == 0] == 0)
+    assert torch.allclose(counts, target.double(), atol=0.015), (counts, target)
 
 
 def test_bad_sampling_values_are_refused():
@@ -38,21 +52,23 @@ def test_bad_sampling_values_are_refused():
         TopKTopPSampler(0.0, 5, 0.5)
 
 
-def test_generate_samples_the_same_sequences_as_hf_warpers(llama_dir):
+def test_generate_with_the_sampler_is_seeded_and_top_1_is_greedy(llama_dir):
     model = AutoModelForCausalLM.from_pretrained(llama_dir)
     tokenizer = AutoTokenizer.from_pretrained(llama_dir)
-    args = MAGRPOConfig(output_dir="out", max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.8, report_to=[])
-    fused_kwargs = args.generation_kwargs(do_sample=True)
-    assert "logits_processor" in fused_kwargs and fused_kwargs["top_k"] == 0  # HF's warpers are switched off
-    hf_kwargs = {"max_new_tokens": 12, "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8}
     prompts = ["Describe a city in the clouds:", "Design a playground on Mars:"]
-    torch.manual_seed(3)
-    fused = generate_completions(model, tokenizer, prompts, 4, fused_kwargs)
-    torch.manual_seed(3)
-    reference = generate_completions(model, tokenizer, prompts, 4, hf_kwargs)
-    assert torch.equal(fused.completion_ids, reference.completion_ids)
-    assert len(set(fused.completions)) > 1  # it really sampled
+    args = MAGRPOConfig(output_dir="out", max_new_tokens=12, temperature=0.7, top_k=20, top_p=0.8, report_to=[])
+    kwargs = args.generation_kwargs(do_sample=True)
+    assert "logits_processor" in kwargs and kwargs["do_sample"] is False  # the sampler draws, generate is greedy
+    runs = []
+    for seed in (3, 3, 4):
+        torch.manual_seed(seed)
+        runs.append(generate_completions(model, tokenizer, prompts, 4, kwargs).completion_ids)
+    assert torch.equal(runs[0], runs[1]) and not torch.equal(runs[0], runs[2])
+    assert len({tuple(row) for row in runs[0].tolist()}) > 1  # it really sampled
+    top1 = MAGRPOConfig(output_dir="out", max_new_tokens=12, top_k=1, report_to=[]).generation_kwargs(do_sample=True)
+    greedy = generate_completions(model, tokenizer, prompts, 1, {"max_new_tokens": 12, "do_sample": False})
+    assert torch.equal(generate_completions(model, tokenizer, prompts, 1, top1).completion_ids, greedy.completion_ids)
 
 
-def test_no_top_k_uses_hf_warpers():
-    assert sampling_kwargs(0.6, None, 0.9) == {"temperature": 0.6, "top_p": 0.9, "top_k": 0}
+def test_no_top_k_uses_hf_sampling():
+    assert sampling_kwargs(0.6, None, 0.9) == {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 0}

@@ -1,16 +1,18 @@
-"""Temperature + top-k + top-p in one logits processor that sorts only the top-k survivors.
+"""Sampling with temperature + top-k + top-p that touches only the top-k survivors.
 
-`generate(temperature=T, top_k=k, top_p=p)` runs three warpers; the top-p one sorts the whole vocabulary
-(49k entries for SmolLM2) although top-k already set all but k of them to -inf. On CPU that sort was 23% of
-generation time (benchmarks/compare_comlrl.py, docs/performance.md). This processor takes the k largest
-logits once, applies top-p to those k only, and writes -inf elsewhere.
+`generate(do_sample=True, temperature=T, top_k=k, top_p=p)` runs three warpers and then draws over the whole
+vocabulary (49k entries for SmolLM2): top-p sorts all of it although top-k already set all but k to -inf (23% of
+CPU generation time), and `multinomial` draws one exponential per vocabulary entry (6%)
+(benchmarks/compare_comlrl.py, docs/performance.md). `TopKTopPSampler` takes the k largest logits once, applies
+temperature and top-p to those k, draws the token among them, and hands `generate` scores whose argmax is that
+token, so `generate` runs greedy.
 
-It keeps exactly the tokens HF's chain keeps: top-k keeps every logit >= the k-th largest (ties included), and
-top-p removes the survivors whose ascending cumulative probability is <= 1 - p, keeping at least one. The kept
-logits are divided by T with the same operation HF uses, so the sampling distribution is HF's; the only
-difference is the order in which the softmax denominator is summed (k terms here, k terms plus exact zeros
-there), which can move a cumulative sum by an ulp. A row whose k-th logit is tied with the (k+1)-th falls back
-to HF's own warpers, since `topk` would drop part of the tie.
+The kept set is exactly HF's: top-k keeps every logit >= the k-th largest, and top-p removes the survivors whose
+ascending cumulative probability is <= 1 - p, keeping at least one; the kept logits are divided by T as HF does.
+The draw is from the same distribution as HF's, but not the same draw for a given seed (it consumes the torch
+RNG differently). The only numerical difference is the order in which the softmax denominator is summed (k terms
+here, k terms plus exact zeros in HF), which can move a cumulative sum by an ulp. A row whose k-th logit ties the
+(k+1)-th takes HF's full-vocabulary path, since `topk` would drop part of the tie.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from transformers import LogitsProcessor, LogitsProcessorList, TemperatureLogits
 
 
 class TopKTopPSampler(LogitsProcessor):
-    """`TemperatureLogitsWarper(T)`, `TopKLogitsWarper(k)` and `TopPLogitsWarper(p)` in one step (see module)."""
+    """`TemperatureLogitsWarper(T)`, `TopKLogitsWarper(k)`, `TopPLogitsWarper(p)` and the draw in one step, for
+    greedy `generate` (see the module docstring)."""
 
     def __init__(self, temperature: float, top_k: int, top_p: float):
         if not (isinstance(top_k, int) and top_k > 0):
@@ -40,35 +43,50 @@ class TopKTopPSampler(LogitsProcessor):
             scores = warper(input_ids, scores)
         return scores
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+    def kept(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(logits / T of the k largest, with -inf for those top-p removes; their vocabulary indices), or None
+        when a row's k-th logit ties the (k+1)-th (then only HF's full-vocabulary chain keeps the whole tie)."""
         k = min(self.top_k, scores.shape[-1])
         if k == scores.shape[-1]:
-            return self.reference(input_ids, scores)
+            return None
         top_values, top_indices = torch.topk(scores, k + 1, dim=-1)  # descending; column k shows a tie at the edge
         if bool((top_values[:, k] == top_values[:, k - 1]).any()):
-            return self.reference(input_ids, scores)
+            return None
         kept_logits = top_values[:, :k] / self.temperature  # the division TemperatureLogitsWarper does
-        kept_indices = top_indices[:, :k]
         if self.top_p < 1.0:
-            # TopPLogitsWarper on the survivors: ascending order, cumulative mass, drop while <= 1 - p
-            ascending = kept_logits.flip(-1)
-            cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-            remove = cumulative <= (1 - self.top_p)
-            remove[:, -1] = False
-            # topk breaks ties among survivors by index, sort by its own order; the tokens dropped are the same
-            # unless two equal logits straddle the cut, where either choice matches some valid sort order
-            keep = ~remove.flip(-1)
-            kept_logits = kept_logits.masked_fill(~keep, -float("inf"))
-        out = torch.full_like(scores, -float("inf"))
-        return out.scatter_(-1, kept_indices, kept_logits)
+            # TopPLogitsWarper on the survivors: ascending cumulative mass, drop while <= 1 - p, keep the largest
+            cumulative = kept_logits.flip(-1).softmax(dim=-1).cumsum(dim=-1)
+            remove = (cumulative <= (1 - self.top_p)).flip(-1)
+            remove[:, 0] = False
+            kept_logits = kept_logits.masked_fill(remove, -float("inf"))
+        return kept_logits, top_indices[:, :k]
+
+    def filter(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        """The warped scores over the whole vocabulary (-inf outside the kept set), as HF's chain returns them."""
+        kept = self.kept(scores)
+        if kept is None:
+            return self.reference(input_ids, scores)
+        return torch.full_like(scores, -float("inf")).scatter_(-1, kept[1], kept[0])
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        """Draw the next token from the kept set and return scores whose argmax is that token (0 there, -inf
+        elsewhere): `generate` then runs greedy and never draws over the whole vocabulary."""
+        kept = self.kept(scores)
+        if kept is None:
+            probs = self.reference(input_ids, scores).softmax(dim=-1)
+            chosen = torch.multinomial(probs, 1)
+        else:
+            kept_logits, kept_indices = kept
+            chosen = kept_indices.gather(-1, torch.multinomial(kept_logits.softmax(dim=-1), 1))
+        return torch.full_like(scores, -float("inf")).scatter_(-1, chosen, 0.0)
 
 
 def sampling_kwargs(temperature: float, top_k: int | None, top_p: float) -> dict:
-    """`generate` keyword arguments for sampling with (T, k, p): the fused processor when top-k is on (HF's own
-    temperature/top-k/top-p warpers switched off), HF's warpers otherwise (no top-k: nothing to gain)."""
+    """`generate` keyword arguments for sampling with (T, k, p): with top-k on, greedy decoding over the scores of
+    `TopKTopPSampler`, which draws the token itself; HF's own sampling otherwise (no top-k: nothing to gain)."""
     if not top_k:
-        return {"temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
+        return {"do_sample": True, "temperature": float(temperature), "top_p": float(top_p), "top_k": 0}
     return {
-        "temperature": 1.0, "top_k": 0, "top_p": 1.0,
+        "do_sample": False, "temperature": None, "top_k": None, "top_p": None,
         "logits_processor": LogitsProcessorList([TopKTopPSampler(float(temperature), int(top_k), float(top_p))]),
     }
