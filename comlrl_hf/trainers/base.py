@@ -247,6 +247,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             from accelerate.utils import set_seed
 
             set_seed(self.args.seed, device_specific=True)
+        self._broadcast_parameters([self.model])  # N processes start from process 0's agents and critics
         # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
         self.ref_agents = self._reference_models() if self.args.beta > 0 else None
         self._last_samples: list[dict] = []

@@ -16,11 +16,32 @@ Design (docs/scaling.md):
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+_BUCKET_BYTES = 25 * 2**20  # per all-reduce / broadcast, as DDP's default bucket
+
+
+def _buckets(params, key=lambda p: p.grad):
+    """Consecutive runs of tensors of one dtype and device, each run at most `_BUCKET_BYTES` (a single larger
+    tensor is its own bucket)."""
+    bucket, size, kind = [], 0, None
+    for p in params:
+        t = key(p)
+        nbytes = t.numel() * t.element_size()
+        if bucket and ((t.dtype, t.device) != kind or size + nbytes > _BUCKET_BYTES):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(p)
+        size += nbytes
+        kind = (t.dtype, t.device)
+    if bucket:
+        yield bucket
 
 
 def world_size() -> int:
@@ -65,32 +86,57 @@ class DataParallelMixin:
 
     @torch.no_grad()
     def all_reduce_gradients(self) -> None:
-        """Average every optimizer parameter's gradient over processes, one flat all-reduce per parameter group.
-        A gradient missing on every process stays None (AdamW then skips it, as in one process)."""
+        """Average every optimizer parameter's gradient over processes, in flat buckets of at most
+        `_BUCKET_BYTES` per dtype (a whole-group concatenation would double the gradients' memory). Each element
+        is reduced once whatever the bucketing, so the result does not depend on it. A gradient missing on every
+        process stays None (AdamW then skips it, as in one process)."""
         if not self._distributed or self.optimizer is None:
             return
         W = world_size()
-        for group in self.optimizer.param_groups:
-            params = [p for p in group["params"] if p.requires_grad]
-            if not params:
-                continue
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
-            flat = torch.cat([g.reshape(-1) for g in grads] + [present])
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+        if not params:
+            return
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self._reduce_device())
+        dist.all_reduce(present)  # one small reduce: which gradients exist on some process
+        for p, count in zip(params, present.tolist()):
+            if count and p.grad is None:  # another process has it: join with zeros, as one process would sum
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p for p in params if p.grad is not None]):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
             dist.all_reduce(flat)
             flat.div_(W)
             offset = 0
-            for p, g in zip(params, grads):
-                n = g.numel()
-                chunk = flat[offset : offset + n].view_as(g)
+            for p in bucket:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                 offset += n
-                if p.grad is None:
-                    p.grad = chunk.clone()
-                else:
-                    p.grad.copy_(chunk)
-            for p, was in zip(params, flat[offset:].tolist()):
-                if was == 0.0:
-                    p.grad = None
+
+    @torch.no_grad()
+    def _broadcast_parameters(self, modules) -> None:
+        """Every parameter and buffer of `modules` takes process 0's value (as DDP does at wrap time): agents
+        built or initialised differently on different processes would otherwise train apart, silently."""
+        if not self._distributed:
+            return
+        tensors, seen = [], set()
+        for module in modules:
+            for t in list(module.parameters()) + list(module.buffers()):
+                if id(t) not in seen:  # shared modules (a LoRA base under several adapters) once
+                    seen.add(id(t))
+                    tensors.append(t)
+        differed = False
+        for bucket in _buckets(tensors, key=lambda t: t.data):
+            flat = torch.cat([t.data.reshape(-1) for t in bucket])
+            local = flat.clone() if dist.get_rank() != 0 else None
+            dist.broadcast(flat, src=0)
+            differed |= local is not None and not torch.equal(local, flat)
+            offset = 0
+            for t in bucket:
+                n = t.numel()
+                t.data.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+        if differed:
+            logger.warning("process %d held weights that differ from process 0's; they were replaced by process 0's",
+                           dist.get_rank())
 
     def _average_metrics(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         """Mean of each metric over every value recorded on every process since the last log."""

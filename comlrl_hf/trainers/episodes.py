@@ -76,7 +76,9 @@ class EpisodeMixin:
     def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
         indices = getattr(self, "_prompt_indices", None)  # set during training with seed_generation_per_prompt
         if do_sample and indices is not None:
-            seeds = [prompt_seed(self.args.seed, self.state.global_step, index, agent_index) for index in indices]
+            # a stage that samples outside the RL steps (MARLHF's pairs) sets its own prefix
+            prefix = getattr(self, "_prompt_seed_prefix", None) or (self.args.seed, self.state.global_step)
+            seeds = [prompt_seed(*prefix, index, agent_index) for index in indices]
             return generate_per_prompt(
                 self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
                 self.args.generation_kwargs(do_sample=True), seeds,
