@@ -4,7 +4,7 @@
 
 For each KIND (one launch runs several, to pay the process start-up once), in OUT/KIND: trains with a checkpoint
 per epoch (or PbRL stage) (run "full"), then a fresh trainer resumes from checkpoint-1 (run "resumed"); every
-process writes its final weights and logs. KIND: grpo | dapo (MAGRPO loss types), iac (separate critics),
+process writes its final weights and logs. KIND: grpo (MAGRPO), iac (separate critics),
 iac-shared (value heads on the actors), maac, marlhf (MAGRPO backend).
 """
 
@@ -26,8 +26,26 @@ PROMPTS = [
     "Explain rain to a fish:", "Sing about a lost sock:",
 ]
 # kind -> (prompts, prompts per optimizer step over all processes, epochs)
-SIZES = {"grpo": (8, 4, 2), "dapo": (8, 4, 2), "iac": (4, 2, 2), "iac-shared": (4, 2, 2), "maac": (4, 2, 2),
+SIZES = {"grpo": (8, 4, 2), "iac": (4, 2, 2), "iac-shared": (4, 2, 2), "maac": (4, 2, 2),
          "marlhf": (4, 2, 1)}
+
+
+class PromptLog:
+    """A stateful reward (length_ratio_reward) that remembers the prompts it scored: a process's shard, so its
+    state differs between processes and each process's must come back on resume."""
+
+    def __init__(self):
+        self.prompts = []
+
+    def __call__(self, completions1, completions2, prompts=None):
+        self.prompts += list(prompts)
+        return length_ratio_reward(completions1, completions2)
+
+    def state_dict(self):
+        return {"prompts": list(self.prompts)}
+
+    def load_state_dict(self, state):
+        self.prompts = list(state["prompts"])
 
 
 def build(kind, dirs, world_size):
@@ -36,8 +54,9 @@ def build(kind, dirs, world_size):
                   disable_tqdm=True, agent_learning_rate=1e-3, per_device_train_batch_size=global_batch // world_size,
                   seed_generation_per_prompt=True)
     data = dict(reward_func=length_ratio_reward, train_dataset=Dataset.from_dict({"prompt": PROMPTS[:prompts]}))
-    if kind in ("grpo", "dapo"):
-        return MAGRPOTrainer(agents=list(dirs), args=MAGRPOConfig(num_generations=4, loss_type=kind, **common), **data)
+    if kind == "grpo":
+        data["reward_func"] = PromptLog()
+        return MAGRPOTrainer(agents=list(dirs), args=MAGRPOConfig(num_generations=4, **common), **data)
     if kind == "marlhf":
         args = MARLHFConfig(num_generations=2, preference_num_candidates=4, preference_pairs_per_sample=2,
                             reward_model_name=str(dirs[1]), reward_model_device=None, reward_learning_rate=1e-3,
@@ -77,12 +96,33 @@ def run(kind, dirs, world, rank):
     with open(f"logs_rank{rank}.json", "w") as f:
         json.dump({"full": step_logs(full), "resumed": step_logs(resumed), "env_step": [full.env_step, resumed.env_step],
                    "files": sorted(os.listdir("full/checkpoint-1")), "checkpoints": checkpoints,
-                   "pairs": getattr(full, "_stage", {}).get("pairs")}, f)
+                   "pairs": getattr(full, "_stage", {}).get("pairs"),
+                   "reward_state": [t.reward_caller.reward_func.state_dict() if kind == "grpo" else None
+                                    for t in (full, resumed)]}, f)
+
+
+def check_broadcast(out, dirs, world, rank):
+    """Agents handed over as objects that differ between processes (process 1's is shifted) leave construction
+    as process 0's: every process writes its agents' parameter sums."""
+    from transformers import AutoModelForCausalLM
+
+    agents = [AutoModelForCausalLM.from_pretrained(d) for d in dirs]
+    if rank == 1:
+        with torch.no_grad():
+            next(agents[0].parameters()).add_(0.5)
+    args = MAGRPOConfig(output_dir="out", report_to=[], per_device_train_batch_size=1, num_generations=2)
+    trainer = MAGRPOTrainer(agents=agents, tokenizer=[AutoTokenizer.from_pretrained(d) for d in dirs], args=args,
+                            reward_func=length_ratio_reward, train_dataset=Dataset.from_dict({"prompt": PROMPTS}))
+    sums = [p.double().sum().item() for a in trainer.agents for p in a.parameters()]
+    with open(os.path.join(out, f"broadcast_rank{rank}.json"), "w") as f:
+        json.dump(sums, f)
 
 
 def main(out, llama_dir, qwen_dir, kinds):
     torch.set_num_threads(1)
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
+    os.makedirs(out, exist_ok=True)
+    check_broadcast(out, [llama_dir, qwen_dir], world, rank)
     for kind in kinds.split(","):
         folder = os.path.join(out, kind)
         os.makedirs(folder, exist_ok=True)

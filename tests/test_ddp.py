@@ -43,6 +43,14 @@ def two_process_runs(llama_dir, qwen_dir, tmp_path_factory):
     return out
 
 
+def test_agents_that_differ_between_processes_start_as_process_0s(two_process_runs, llama_dir):
+    from transformers import AutoModelForCausalLM
+
+    sums = [json.load(open(two_process_runs / f"broadcast_rank{r}.json")) for r in range(2)]
+    loaded = [p.double().sum().item() for p in AutoModelForCausalLM.from_pretrained(llama_dir).parameters()]
+    assert sums[0] == sums[1] and sums[0][: len(loaded)] == loaded  # process 1's shifted weights were replaced
+
+
 def _check_two_process_run(out, kind, dirs, tmp_path, weight_tolerance, extra_keys=()):
     """What every trainer must show: identical processes, bitwise resume, and the 1-process run with the same
     global batch (same samples, rewards and env_step; weights within float-summation tolerance). Logged
@@ -87,6 +95,11 @@ def test_two_process_magrpo_equals_one_process_and_resumes_exactly(two_process_r
     dirs = [llama_dir, qwen_dir]
     single, logs = _check_two_process_run(two_process_runs, "grpo", dirs, tmp_path, 2e-5, ("agent_0/entropy",))  # observed ~2e-6
     assert logs["env_step"] == [64, 64] and len(logs["full"]) == 4
+    # a stateful reward function's state is saved per process and each process gets its own back
+    states = [json.load(open(two_process_runs / "grpo" / f"logs_rank{r}.json"))["reward_state"] for r in range(2)]
+    for full, resumed in states:
+        assert full == resumed and len(full["prompts"]) == 32  # 4 steps x 2 prompts x 4 joint actions
+    assert states[0][0] != states[1][0]
     # a 2-process checkpoint is refused by one process before anything is restored
     from comlrl_hf.utils import CheckpointError
 

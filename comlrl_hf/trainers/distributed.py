@@ -5,13 +5,16 @@ Design (docs/scaling.md):
 - The container is **not** wrapped in `DistributedDataParallel`. Each agent runs its own forward+backward
   (and critics are called directly), which breaks DDP's one-backward-per-forward reducer (and DDP would
   all-reduce every agent's buckets at every agent's backward). Instead every process averages the gradients
-  of every optimizer parameter itself, once per optimizer step, right after the last micro-batch's backward
-  and before clipping: `all_reduce_gradients`.
+  of every optimizer parameter (agents, critics, value heads) itself, once per optimizer step, right after the
+  last micro-batch's backward and before clipping, in ~25 MB buckets: `all_reduce_gradients`. Every parameter
+  and buffer starts as process 0's (`_broadcast_parameters`, as DDP does).
 - Each process rolls out whole prompts (a prompt's group never straddles processes), so group baselines are
-  local. A process's loss is weighted by its share of the global rows (tokens for `dapo`): the mean over
-  processes then equals the one-process loss over the global batch.
+  local. A process's loss (policy or value) is weighted by its share of the global rows (tokens for `dapo`):
+  the mean over processes then equals the one-process loss over the global batch. The weights and the
+  env-step count are summed in one all-reduce per micro-step (`_reduce_step_counts`).
 - `env_step` is summed over processes; logged metrics are averaged over processes; checkpoints are written
-  by process 0 with every process's RNG state (`rng_state_{rank}.pth`).
+  by process 0 with every process's RNG state (`rng_state_{rank}.pth`) and user-object state
+  (`user_state_{rank}.pt`).
 """
 
 from __future__ import annotations
@@ -67,22 +70,37 @@ class DataParallelMixin:
     def _reduce_device(self) -> torch.device:
         return self.args.device
 
-    def _scale_for_ranks(self, loss: torch.Tensor, weight: float) -> torch.Tensor:
+    def _scale_for_ranks(self, loss: torch.Tensor, weight: float, key: str | None = None) -> torch.Tensor:
         """`loss` is this process's mean over `weight` rows (or tokens). Scale it so that the mean over processes
-        of the scaled losses is the mean over all processes' rows: loss * W * weight / sum(weights)."""
+        of the scaled losses is the mean over all processes' rows: loss * W * weight / sum(weights). A `key` that
+        `_reduce_step_counts` summed already costs no communication."""
         if not self._distributed:
             return loss
-        total = torch.tensor([float(weight)], dtype=torch.float64, device=self._reduce_device())
-        dist.all_reduce(total)
-        share = world_size() * float(weight) / float(total.item())
+        local, totals = getattr(self, "_step_weights", None) or ({}, {})
+        if key in totals:
+            if local[key] != float(weight):  # the precomputed weight must be the one the loss uses
+                raise RuntimeError(f"loss weight {key!r}: {weight} here, {local[key]} when it was reduced")
+            total = totals[key]
+        else:
+            reduced = torch.tensor([float(weight)], dtype=torch.float64, device=self._reduce_device())
+            dist.all_reduce(reduced)
+            total = float(reduced.item())
+        share = world_size() * float(weight) / total
         return loss if share == 1.0 else loss * share
 
-    def _sum_across_ranks(self, value: int) -> int:
+    def _reduce_step_counts(self, env_steps: int, weights: dict[str, float]) -> int:
+        """One all-reduce per micro-step for the joint actions counted and every loss's weight (instead of one
+        per agent and loss): returns the global env-step count and keeps the weights' totals for
+        `_scale_for_ranks` until `_step_weights` is cleared."""
         if not self._distributed:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self._reduce_device())
-        dist.all_reduce(t)
-        return int(t.item())
+            return env_steps
+        keys = sorted(weights)
+        reduced = torch.tensor([float(env_steps)] + [float(weights[k]) for k in keys], dtype=torch.float64,
+                               device=self._reduce_device())
+        dist.all_reduce(reduced)  # float64 holds these integer counts exactly
+        values = reduced.tolist()
+        self._step_weights = ({k: float(weights[k]) for k in keys}, dict(zip(keys, values[1:])))
+        return int(values[0])
 
     @torch.no_grad()
     def all_reduce_gradients(self) -> None:

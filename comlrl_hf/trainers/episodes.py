@@ -169,7 +169,8 @@ class EpisodeMixin:
         weights = [float(m.sum()) if args.loss_type == "dapo" else float(m.shape[0]) for m in masks]
         total = sum(weights)
         backward = getattr(self, "_chunk_backward", None) if len(pieces) > len(turns) else None
-        share = self._scale_for_ranks(torch.ones(()), total) if backward is not None else None
+        key = f"policy_{agent_index}"
+        share = self._scale_for_ranks(torch.ones(()), total, key) if backward is not None else None
         losses, diagnostics = [], {}
         for (turn, rows), mask, weight in zip(pieces, masks, weights):
             r = turn.agents[agent_index]
@@ -195,12 +196,18 @@ class EpisodeMixin:
             for name, value in stats.items():
                 diagnostics.setdefault(name, []).append(value)
         loss = sum(w / total * l for w, l in zip(weights, losses))
-        loss = self._scale_for_ranks(loss, total) if backward is None else loss * share.to(loss.device)
+        loss = self._scale_for_ranks(loss, total, key) if backward is None else loss * share.to(loss.device)
         prefix = f"agent_{agent_index}"
         self.record_metric(f"{prefix}/loss", loss.detach())
         for name, values in diagnostics.items():
             self.record_metric(f"{prefix}/{name}", sum(w / total * v for w, v in zip(weights, values)))
         return loss
+
+    def _policy_weight(self, agent_index: int, turns: list[TurnRollout]) -> float:
+        """The rows (tokens for `dapo`) agent `agent_index`'s policy loss averages over: its `_scale_for_ranks`
+        weight."""
+        masks = [turn.agents[agent_index].completion_mask for turn in turns]
+        return sum(float(m.sum()) if self.args.loss_type == "dapo" else float(m.shape[0]) for m in masks)
 
     def _sample_rows(self, turn: TurnRollout, actions) -> list[dict]:
         K, rows = self.args.num_generations, []

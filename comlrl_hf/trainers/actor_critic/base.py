@@ -133,7 +133,14 @@ class ActorCriticTrainer(MultiAgentTrainer):
             weights.append(values.numel())
         total = sum(weights)
         loss = sum(w / total * loss for w, loss in zip(weights, losses))
-        return self._scale_for_ranks(loss, total)  # N processes: the mean over every process's rows
+        return self._scale_for_ranks(loss, total, f"value_{agent_index}")  # N processes: mean over all rows
+
+    def loss_weights(self, inputs: ActorCriticRollout) -> dict[str, float]:
+        weights = super().loss_weights(inputs)
+        critics = 1 if self._container.critic_layout == "central" else self.num_agents  # MAAC: one value loss
+        for i in range(critics):
+            weights[f"value_{i}"] = float(sum(turn.agents[i].completion_ids.shape[0] for turn in inputs.turns))
+        return weights
 
     def _gather_turns(self, per_agent: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
         """[agent][turn] -> rows of every process, concatenated in process order (one collective per rollout;
