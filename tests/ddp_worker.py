@@ -18,6 +18,7 @@ from transformers import AutoTokenizer
 
 from comlrl_hf import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MAGRPOConfig, MAGRPOTrainer
 from comlrl_hf.rewards import length_ratio_reward
+from comlrl_hf.trainers import distributed
 from comlrl_hf.trainers.preference import MARLHFConfig, MARLHFTrainer
 
 PROMPTS = [
@@ -120,6 +121,7 @@ def check_broadcast(out, dirs, world, rank):
 
 def main(out, llama_dir, qwen_dir, kinds):
     torch.set_num_threads(1)
+    distributed._BUCKET_BYTES = 64 * 1024  # tiny agents (~400 KB) then span several gradient/broadcast buckets
     world, rank = int(os.environ.get("WORLD_SIZE", "1")), int(os.environ.get("RANK", "0"))
     os.makedirs(out, exist_ok=True)
     check_broadcast(out, [llama_dir, qwen_dir], world, rank)

@@ -130,6 +130,18 @@ def test_two_process_marlhf_equals_one_process_and_resumes_exactly(two_process_r
     assert [p["item"] for p in logs["pairs"]] == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
+def test_buckets_keep_order_and_split_by_size_and_dtype(monkeypatch):
+    from comlrl_hf.trainers import distributed
+
+    monkeypatch.setattr(distributed, "_BUCKET_BYTES", 40)
+    tensors = [torch.zeros(4), torch.zeros(4), torch.zeros(4), torch.zeros(20), torch.zeros(2, dtype=torch.float64),
+               torch.zeros(1)]
+    buckets = list(distributed._buckets(tensors, key=lambda t: t))
+    sizes = [[t.numel() for t in b] for b in buckets]
+    assert sizes == [[4, 4], [4], [20], [2], [1]]  # 32 B + 16 B > 40; an 80 B tensor alone; a dtype change splits
+    assert [id(t) for b in buckets for t in b] == [id(t) for t in tensors]  # every tensor once, in order
+
+
 def test_sharded_prompt_batches_are_the_one_process_batch_split_in_order():
     for repeats, group in ((1, 1), (2, 1), (2, 2), (1, 3)):
         one = list(PromptBatchSampler(12, 4, shuffle=True, seed=3, group_size=group, repeats=repeats))
