@@ -189,8 +189,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         if args.world_size > 1:
             if not self.supports_data_parallel:
                 raise ValueError(
-                    f"distributed training (world_size={args.world_size}) is not supported by {type(self).__name__} yet "
-                    "(supported: the MAGRPO family); run one process"
+                    f"distributed training (world_size={args.world_size}) is not supported by {type(self).__name__} "
+                    "(it sets supports_data_parallel = False); run one process"
                 )
             if args.deepspeed or args.fsdp:
                 raise ValueError(
@@ -247,6 +247,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             from accelerate.utils import set_seed
 
             set_seed(self.args.seed, device_specific=True)
+        self._broadcast_parameters([self.model])  # N processes start from process 0's agents and critics
         # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
         self.ref_agents = self._reference_models() if self.args.beta > 0 else None
         self._last_samples: list[dict] = []
@@ -405,8 +406,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             rollout = self._inputs_for_step(inputs)
         finally:
             self._prompt_indices = None
-        if self._distributed:  # every process counted its own joint actions
-            self.env_step = env_before + self._sum_across_ranks(self.env_step - env_before)
+        if self._distributed:  # every process counted its own joint actions; losses weigh by global rows
+            self.env_step = env_before + self._reduce_step_counts(self.env_step - env_before, self.loss_weights(rollout))
         total = torch.zeros((), device=self.args.device)
         # `loss_chunk_size`: the policy loss runs its own backward per chunk of rows through this
         self._chunk_backward = lambda part: self.accelerator.backward(part / self.current_gradient_accumulation_steps)
@@ -423,17 +424,22 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                 if loss.requires_grad or not self._policy_loss_streamed:  # streamed: its chunks went backward
                     self.accelerator.backward(loss)
                 total += loss.detach()
+            for name, loss in self.shared_losses(rollout).items():  # e.g. a centralized critic: once per step
+                if not torch.isfinite(loss):
+                    raise FloatingPointError(f"{name} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}")
+                loss = loss / self.current_gradient_accumulation_steps
+                self.accelerator.backward(loss)
+                total += loss.detach()
         finally:
-            self._chunk_backward = None
-        for name, loss in self.shared_losses(rollout).items():  # e.g. a centralized critic: once per step
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"{name} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}")
-            loss = loss / self.current_gradient_accumulation_steps
-            self.accelerator.backward(loss)
-            total += loss.detach()
+            self._chunk_backward = self._step_weights = None
         if self.accelerator.sync_gradients:  # N processes: average every gradient once per optimizer step
             self.all_reduce_gradients()
         return total
+
+    def loss_weights(self, inputs: Any) -> dict[str, float]:
+        """Each loss's weight on this process (rows or tokens), keyed as the losses pass it to `_scale_for_ranks`:
+        with N processes they are summed in one all-reduce per micro-step."""
+        return {f"policy_{i}": self._policy_weight(i, inputs.turns) for i in range(self.num_agents)}
 
     def shared_losses(self, inputs: Any) -> dict[str, torch.Tensor]:
         """Losses that belong to no single agent, by name (a centralized critic's); none by default."""

@@ -238,7 +238,7 @@ class CheckpointMixin:
         return metadata
 
     def _read_user_states(self, path: str) -> dict:
-        file = os.path.join(path, USER_STATE_NAME)
+        file = os.path.join(path, _user_state_name(self.args.process_index) if self._distributed else USER_STATE_NAME)
         if not os.path.isfile(file):
             return {}
         try:
@@ -278,6 +278,8 @@ class CheckpointMixin:
             per_rank = self._gather_objects({
                 "rng": self._local_rng_state(), "metrics": {k: list(v) for k, v in self._metrics.items()},
                 "pending_loss": pending_loss,
+                # a stateful reward function or dataset sees this process's shard: its state is per process
+                "user": {name: obj.state_dict() for name, obj in self.stateful_objects().items()},
             })
             try:
                 if self.args.should_save:
@@ -313,9 +315,14 @@ class CheckpointMixin:
                     else:
                         self.state.stateful_callbacks[type(callback).__name__] = state
             self.state.save_to_json(os.path.join(staging, "trainer_state.json"))
-            user_states = {name: obj.state_dict() for name, obj in self.stateful_objects().items()}
-            if user_states:
-                path = os.path.join(staging, USER_STATE_NAME)
+            if per_rank is None:
+                files = {USER_STATE_NAME: {name: obj.state_dict() for name, obj in self.stateful_objects().items()}}
+            else:
+                files = {_user_state_name(rank): part["user"] for rank, part in enumerate(per_rank)}
+            for file, user_states in files.items():
+                if not user_states:
+                    continue
+                path = os.path.join(staging, file)
                 torch.save(user_states, path)
                 try:  # resume loads it with weights_only=True: refuse now what could not be loaded then
                     torch.load(path, map_location="cpu", weights_only=True)
@@ -386,6 +393,11 @@ class CheckpointMixin:
         for name, obj in self.stateful_objects().items():
             if name in states:
                 obj.load_state_dict(states[name])
+
+
+def _user_state_name(rank: int) -> str:
+    """With N processes, each process's user objects are saved in their own file (as `rng_state_{rank}.pth`)."""
+    return f"user_state_{rank}.pt"
 
 
 def _is_stateful(obj) -> bool:

@@ -5,22 +5,46 @@ Design (docs/scaling.md):
 - The container is **not** wrapped in `DistributedDataParallel`. Each agent runs its own forward+backward
   (and critics are called directly), which breaks DDP's one-backward-per-forward reducer (and DDP would
   all-reduce every agent's buckets at every agent's backward). Instead every process averages the gradients
-  of every optimizer parameter itself, once per optimizer step, right after the last micro-batch's backward
-  and before clipping: `all_reduce_gradients`.
+  of every optimizer parameter (agents, critics, value heads) itself, once per optimizer step, right after the
+  last micro-batch's backward and before clipping, in ~25 MB buckets: `all_reduce_gradients`. Every parameter
+  and buffer starts as process 0's (`_broadcast_parameters`, as DDP does).
 - Each process rolls out whole prompts (a prompt's group never straddles processes), so group baselines are
-  local. A process's loss is weighted by its share of the global rows (tokens for `dapo`): the mean over
-  processes then equals the one-process loss over the global batch.
+  local. A process's loss (policy or value) is weighted by its share of the global rows (tokens for `dapo`):
+  the mean over processes then equals the one-process loss over the global batch. The weights and the
+  env-step count are summed in one all-reduce per micro-step (`_reduce_step_counts`).
 - `env_step` is summed over processes; logged metrics are averaged over processes; checkpoints are written
-  by process 0 with every process's RNG state (`rng_state_{rank}.pth`).
+  by process 0 with every process's RNG state (`rng_state_{rank}.pth`) and user-object state
+  (`user_state_{rank}.pt`).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
+_BUCKET_BYTES = 25 * 2**20  # per all-reduce / broadcast, as DDP's default bucket
+
+
+def _buckets(params, key=lambda p: p.grad):
+    """Consecutive runs of tensors of one dtype and device, each run at most `_BUCKET_BYTES` (a single larger
+    tensor is its own bucket)."""
+    bucket, size, kind = [], 0, None
+    for p in params:
+        t = key(p)
+        nbytes = t.numel() * t.element_size()
+        if bucket and ((t.dtype, t.device) != kind or size + nbytes > _BUCKET_BYTES):
+            yield bucket
+            bucket, size = [], 0
+        bucket.append(p)
+        size += nbytes
+        kind = (t.dtype, t.device)
+    if bucket:
+        yield bucket
 
 
 def world_size() -> int:
@@ -46,51 +70,91 @@ class DataParallelMixin:
     def _reduce_device(self) -> torch.device:
         return self.args.device
 
-    def _scale_for_ranks(self, loss: torch.Tensor, weight: float) -> torch.Tensor:
+    def _scale_for_ranks(self, loss: torch.Tensor, weight: float, key: str | None = None) -> torch.Tensor:
         """`loss` is this process's mean over `weight` rows (or tokens). Scale it so that the mean over processes
-        of the scaled losses is the mean over all processes' rows: loss * W * weight / sum(weights)."""
+        of the scaled losses is the mean over all processes' rows: loss * W * weight / sum(weights). A `key` that
+        `_reduce_step_counts` summed already costs no communication."""
         if not self._distributed:
             return loss
-        total = torch.tensor([float(weight)], dtype=torch.float64, device=self._reduce_device())
-        dist.all_reduce(total)
-        share = world_size() * float(weight) / float(total.item())
+        local, totals = getattr(self, "_step_weights", None) or ({}, {})
+        if key in totals:
+            if local[key] != float(weight):  # the precomputed weight must be the one the loss uses
+                raise RuntimeError(f"loss weight {key!r}: {weight} here, {local[key]} when it was reduced")
+            total = totals[key]
+        else:
+            reduced = torch.tensor([float(weight)], dtype=torch.float64, device=self._reduce_device())
+            dist.all_reduce(reduced)
+            total = float(reduced.item())
+        share = world_size() * float(weight) / total
         return loss if share == 1.0 else loss * share
 
-    def _sum_across_ranks(self, value: int) -> int:
+    def _reduce_step_counts(self, env_steps: int, weights: dict[str, float]) -> int:
+        """One all-reduce per micro-step for the joint actions counted and every loss's weight (instead of one
+        per agent and loss): returns the global env-step count and keeps the weights' totals for
+        `_scale_for_ranks` until `_step_weights` is cleared."""
         if not self._distributed:
-            return value
-        t = torch.tensor([value], dtype=torch.int64, device=self._reduce_device())
-        dist.all_reduce(t)
-        return int(t.item())
+            return env_steps
+        keys = sorted(weights)
+        reduced = torch.tensor([float(env_steps)] + [float(weights[k]) for k in keys], dtype=torch.float64,
+                               device=self._reduce_device())
+        dist.all_reduce(reduced)  # float64 holds these integer counts exactly
+        values = reduced.tolist()
+        self._step_weights = ({k: float(weights[k]) for k in keys}, dict(zip(keys, values[1:])))
+        return int(values[0])
 
     @torch.no_grad()
     def all_reduce_gradients(self) -> None:
-        """Average every optimizer parameter's gradient over processes, one flat all-reduce per parameter group.
-        A gradient missing on every process stays None (AdamW then skips it, as in one process)."""
+        """Average every optimizer parameter's gradient over processes, in flat buckets of at most
+        `_BUCKET_BYTES` per dtype (a whole-group concatenation would double the gradients' memory). Each element
+        is reduced once whatever the bucketing, so the result does not depend on it. A gradient missing on every
+        process stays None (AdamW then skips it, as in one process)."""
         if not self._distributed or self.optimizer is None:
             return
         W = world_size()
-        for group in self.optimizer.param_groups:
-            params = [p for p in group["params"] if p.requires_grad]
-            if not params:
-                continue
-            grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-            present = torch.tensor([p.grad is not None for p in params], dtype=grads[0].dtype, device=grads[0].device)
-            flat = torch.cat([g.reshape(-1) for g in grads] + [present])
+        params = [p for group in self.optimizer.param_groups for p in group["params"] if p.requires_grad]
+        if not params:
+            return
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.float32, device=self._reduce_device())
+        dist.all_reduce(present)  # one small reduce: which gradients exist on some process
+        for p, count in zip(params, present.tolist()):
+            if count and p.grad is None:  # another process has it: join with zeros, as one process would sum
+                p.grad = torch.zeros_like(p)
+        for bucket in _buckets([p for p in params if p.grad is not None]):
+            flat = torch.cat([p.grad.reshape(-1) for p in bucket])
             dist.all_reduce(flat)
             flat.div_(W)
             offset = 0
-            for p, g in zip(params, grads):
-                n = g.numel()
-                chunk = flat[offset : offset + n].view_as(g)
+            for p in bucket:
+                n = p.grad.numel()
+                p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
                 offset += n
-                if p.grad is None:
-                    p.grad = chunk.clone()
-                else:
-                    p.grad.copy_(chunk)
-            for p, was in zip(params, flat[offset:].tolist()):
-                if was == 0.0:
-                    p.grad = None
+
+    @torch.no_grad()
+    def _broadcast_parameters(self, modules) -> None:
+        """Every parameter and buffer of `modules` takes process 0's value (as DDP does at wrap time): agents
+        built or initialised differently on different processes would otherwise train apart, silently."""
+        if not self._distributed:
+            return
+        tensors, seen = [], set()
+        for module in modules:
+            for t in list(module.parameters()) + list(module.buffers()):
+                if id(t) not in seen:  # shared modules (a LoRA base under several adapters) once
+                    seen.add(id(t))
+                    tensors.append(t)
+        differed = False
+        for bucket in _buckets(tensors, key=lambda t: t.data):
+            flat = torch.cat([t.data.reshape(-1) for t in bucket])
+            local = flat.clone() if dist.get_rank() != 0 else None
+            dist.broadcast(flat, src=0)
+            differed |= local is not None and not torch.equal(local, flat)
+            offset = 0
+            for t in bucket:
+                n = t.numel()
+                t.data.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+        if differed:
+            logger.warning("process %d held weights that differ from process 0's; they were replaced by process 0's",
+                           dist.get_rank())
 
     def _average_metrics(self, metrics: dict[str, list[float]]) -> dict[str, float]:
         """Mean of each metric over every value recorded on every process since the last log."""

@@ -76,7 +76,9 @@ class EpisodeMixin:
     def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
         indices = getattr(self, "_prompt_indices", None)  # set during training with seed_generation_per_prompt
         if do_sample and indices is not None:
-            seeds = [prompt_seed(self.args.seed, self.state.global_step, index, agent_index) for index in indices]
+            # a stage that samples outside the RL steps (MARLHF's pairs) sets its own prefix
+            prefix = getattr(self, "_prompt_seed_prefix", None) or (self.args.seed, self.state.global_step)
+            seeds = [prompt_seed(*prefix, index, agent_index) for index in indices]
             return generate_per_prompt(
                 self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
                 self.args.generation_kwargs(do_sample=True), seeds,
@@ -167,7 +169,8 @@ class EpisodeMixin:
         weights = [float(m.sum()) if args.loss_type == "dapo" else float(m.shape[0]) for m in masks]
         total = sum(weights)
         backward = getattr(self, "_chunk_backward", None) if len(pieces) > len(turns) else None
-        share = self._scale_for_ranks(torch.ones(()), total) if backward is not None else None
+        key = f"policy_{agent_index}"
+        share = self._scale_for_ranks(torch.ones(()), total, key) if backward is not None else None
         losses, diagnostics = [], {}
         for (turn, rows), mask, weight in zip(pieces, masks, weights):
             r = turn.agents[agent_index]
@@ -193,12 +196,18 @@ class EpisodeMixin:
             for name, value in stats.items():
                 diagnostics.setdefault(name, []).append(value)
         loss = sum(w / total * l for w, l in zip(weights, losses))
-        loss = self._scale_for_ranks(loss, total) if backward is None else loss * share.to(loss.device)
+        loss = self._scale_for_ranks(loss, total, key) if backward is None else loss * share.to(loss.device)
         prefix = f"agent_{agent_index}"
         self.record_metric(f"{prefix}/loss", loss.detach())
         for name, values in diagnostics.items():
             self.record_metric(f"{prefix}/{name}", sum(w / total * v for w, v in zip(weights, values)))
         return loss
+
+    def _policy_weight(self, agent_index: int, turns: list[TurnRollout]) -> float:
+        """The rows (tokens for `dapo`) agent `agent_index`'s policy loss averages over: its `_scale_for_ranks`
+        weight."""
+        masks = [turn.agents[agent_index].completion_mask for turn in turns]
+        return sum(float(m.sum()) if self.args.loss_type == "dapo" else float(m.shape[0]) for m in masks)
 
     def _sample_rows(self, turn: TurnRollout, actions) -> list[dict]:
         K, rows = self.args.num_generations, []

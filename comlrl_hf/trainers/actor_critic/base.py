@@ -37,6 +37,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     config_class = ActorCriticConfig
     explicit_tokenizer_for_agent_list = True  # spec §1.3: AC trainers need a tokenizer when `agents` is given
+    supports_data_parallel = True  # tests/test_ddp.py: IAC (separate and shared critics) and MAAC
 
     def __init__(self, *args, critic_model=None, critics=None, critic_peft_config=None, **kwargs):
         """`critic_peft_config`: one `peft.LoraConfig` for every separate critic, or one per critic; each critic
@@ -105,12 +106,15 @@ class ActorCriticTrainer(MultiAgentTrainer):
         old_values = [[None] * self.num_agents for _ in turns]
         with torch.no_grad():
             values = [[self.row_values(turn, i).float() for i in range(self.num_agents)] for turn in turns]
-        for i in range(self.num_agents):
-            adv, tgt = tree_gae(rewards, [v[i] for v in values], next_rows, args.discount, args.gae_lambda)
+        gae = [tree_gae(rewards, [v[i] for v in values], next_rows, args.discount, args.gae_lambda)
+               for i in range(self.num_agents)]  # per agent: (advantages, targets), each [turn] -> [rows]
+        # z-scored over the global batch: N processes then give each row the advantage one process would
+        every = self._gather_turns([adv for adv, _ in gae]) if args.normalize_advantages else None
+        for i, (adv, tgt) in enumerate(gae):
             for t, turn in enumerate(turns):
                 a = adv[t]
-                if args.normalize_advantages and a.numel() > 1:
-                    a = (a - a.mean()) / (a.std() + 1e-8)
+                if every is not None and every[i][t].numel() > 1:
+                    a = (a - every[i][t].mean()) / (every[i][t].std() + 1e-8)
                 turn.advantages.append(a)
                 targets[t][i], old_values[t][i] = tgt[t], values[t][i]
             self.record_metric(f"agent_{i}/value_mean", torch.cat([v[i] for v in values]).mean())
@@ -128,4 +132,25 @@ class ActorCriticTrainer(MultiAgentTrainer):
                                      self.args.value_clip_range))
             weights.append(values.numel())
         total = sum(weights)
-        return sum(w / total * loss for w, loss in zip(weights, losses))
+        loss = sum(w / total * loss for w, loss in zip(weights, losses))
+        return self._scale_for_ranks(loss, total, f"value_{agent_index}")  # N processes: mean over all rows
+
+    def loss_weights(self, inputs: ActorCriticRollout) -> dict[str, float]:
+        weights = super().loss_weights(inputs)
+        critics = 1 if self._container.critic_layout == "central" else self.num_agents  # MAAC: one value loss
+        for i in range(critics):
+            weights[f"value_{i}"] = float(sum(turn.agents[i].completion_ids.shape[0] for turn in inputs.turns))
+        return weights
+
+    def _gather_turns(self, per_agent: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """[agent][turn] -> rows of every process, concatenated in process order (one collective per rollout;
+        a process whose episodes all ended early holds fewer turns)."""
+        if not self._distributed:
+            return per_agent
+        parts = self._gather_objects([[t.detach().cpu() for t in turns] for turns in per_agent])
+        out = []
+        for i, turns in enumerate(per_agent):
+            depth = max(len(part[i]) for part in parts)
+            out.append([torch.cat([part[i][t] for part in parts if t < len(part[i])]).to(turns[0].device)
+                        for t in range(depth)])
+        return out

@@ -31,6 +31,7 @@ from ...utils._trl_compat import disable_dropout_in_model
 from ...utils.checkpoint import list_checkpoints
 from ...utils.model_sources import load_kwargs, source_name
 from ...utils.preference import bradley_terry_loss, select_pairs
+from ...rollout.seeded import prompt_seed
 from ...utils.seeding import seeded_stream
 from ..actor_critic import IACTrainer, MAACTrainer
 from ..base import MultiAgentTrainer
@@ -84,7 +85,7 @@ class MARLHFTrainer(MultiAgentTrainer):
 
     config_class = MARLHFConfig
     algorithm_name = "MARLHF"
-    supports_data_parallel = False  # pair collection and reward-model training are not distributed yet
+    supports_data_parallel = True  # tests/test_ddp.py (magrpo backend; iac/maac backends are tested alone)
     _backend = None
 
     def __new__(cls, *args, **kwargs):
@@ -111,6 +112,8 @@ class MARLHFTrainer(MultiAgentTrainer):
         if isinstance(config, MARLHFConfig):  # else the base constructor names the wrong config type
             self._reward_source = config.reward_model_name or self._first_agent_id(arguments, "reward_model_name")
             self._reward_device = resolve_reward_model_device(config.reward_model_device, config.device)
+            if config.world_size > 1 and self._reward_device.type != "cpu":  # one accelerator per process
+                self._reward_device = config.device
             self.reward_tokenizer = AutoTokenizer.from_pretrained(self._reward_source)  # fails early on a bad source
         super().__init__(**arguments)
         self.reward_model = None
@@ -177,27 +180,41 @@ class MARLHFTrainer(MultiAgentTrainer):
     # ---- stage 1: pairs ----
     def collect_pairs(self, iteration: int) -> list[dict]:
         """Sample `preference_num_candidates` aligned joint candidates per prompt with the current agents,
-        label them with the task reward and keep the selected pairs (as JSON-ready dicts)."""
+        label them with the task reward and keep the selected pairs (as JSON-ready dicts).
+
+        With N processes, process r takes every N-th prompt from r; the pairs are then gathered and ordered by
+        prompt, so every process holds the same list (the one-process list when `seed_generation_per_prompt`
+        makes each prompt's samples independent of the batch)."""
         args = self.args
-        items = [self.train_dataset[i] for i in range(len(self.train_dataset))]
+        rank, world = (self.args.process_index, self.args.world_size) if self._distributed else (0, 1)
+        indices = list(range(rank, len(self.train_dataset), world))
         seed = args.seed + 1_000_003 * (iteration + 1)
-        with seeded_stream(seed):
-            selection_rng = torch.Generator().manual_seed(seed)
-            pairs, size = [], args.per_device_train_batch_size
-            for start in range(0, len(items), size):
-                batch = items[start : start + size]
-                turn = self._roll_out(batch, args.preference_num_candidates, "aligned", None, do_sample=True)[0]
-                M = args.preference_num_candidates
-                for n, item in enumerate(batch):
+        stream = seed if rank == 0 else prompt_seed(seed, "process", rank)  # own sampling stream per process
+        M, size, pairs = args.preference_num_candidates, args.per_device_train_batch_size, []
+        with seeded_stream(stream):
+            for start in range(0, len(indices), size):
+                batch_indices = indices[start : start + size]
+                batch = [self.train_dataset[i] for i in batch_indices]
+                if args.seed_generation_per_prompt:
+                    self._prompt_indices, self._prompt_seed_prefix = batch_indices, ("preference", seed)
+                try:
+                    turn = self._roll_out(batch, M, "aligned", None, do_sample=True)[0]
+                finally:
+                    self._prompt_indices = self._prompt_seed_prefix = None
+                for n, index in enumerate(batch_indices):
                     rewards = turn.rewards[n].tolist()
+                    # one generator per prompt: the selection does not depend on which process holds the prompt
+                    selection_rng = torch.Generator().manual_seed(prompt_seed(seed, "selection", index))
                     for w, l in select_pairs(rewards, args.pair_selection, args.preference_pairs_per_sample, selection_rng):
                         pairs.append({
-                            "iteration": iteration, "item": start + n,
+                            "iteration": iteration, "item": index,
                             "prompts": [turn.prompts[i][n] for i in range(self.num_agents)],
                             "chosen": [r.completions[n * M + w] for r in turn.agents],
                             "rejected": [r.completions[n * M + l] for r in turn.agents],
                             "chosen_reward": rewards[w], "rejected_reward": rewards[l],
                         })
+        if self._distributed:  # stable sort: a prompt's pairs keep their selection order
+            pairs = sorted((p for part in self._gather_objects(pairs) for p in part), key=lambda p: p["item"])
         if not pairs:
             raise ValueError(
                 f"iteration {iteration}: the task reward tied on every candidate of every prompt, so there is no "
@@ -259,6 +276,9 @@ class MARLHFTrainer(MultiAgentTrainer):
                     "eval_accuracy": accuracy(eval_rows),
                 })
         model.eval().requires_grad_(False)
+        # every process trained the same model from the same pairs and stream; process 0's weights make that
+        # bitwise certain even where kernels are not deterministic (GPU)
+        self._broadcast_parameters([model])
         self.reward_model = model
         last = history["epochs"][-1]
         logs = {"reward_model/loss": last["loss"], "reward_model/accuracy": last["accuracy"]}
