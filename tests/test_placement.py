@@ -77,6 +77,8 @@ def test_placed_run_equals_unplaced_run_bitwise_and_never_moves_the_container(ll
     assert trainer.args.agent_devices == ["cpu", "cpu"] or trainer.args.agent_devices == ["cpu"]
     assert all(torch.equal(a, b) for a, b in zip(_state(plain), _state(trainer)))
     assert _logs(plain) == _logs(trainer) and _logs(trainer)[0]["grad_norm"] > 0  # it trained
+    # placement is not part of the resume fingerprint: a checkpoint resumes on other devices
+    assert plain.compatibility_fingerprint() == trainer.compatibility_fingerprint()
 
 
 def test_advantages_are_routed_to_each_agents_device(llama_dir, qwen_dir):
