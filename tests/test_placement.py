@@ -8,7 +8,7 @@ import pytest
 import torch
 from datasets import Dataset
 from peft import LoraConfig
-from transformers import AutoTokenizer, Trainer
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, Trainer
 
 from comlrl_hf import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
 from comlrl_hf.models.multi_agent import MultiAgentModel
@@ -138,6 +138,15 @@ def test_placement_is_refused_with_several_processes():
 def test_length_mismatch_against_the_trainers_agents(llama_dir, qwen_dir):
     with pytest.raises(ValueError, match=r"agent_devices has 3 entries \['cpu', 'cpu', 'cpu'\] but there are 2 agents"):
         _magrpo([llama_dir, qwen_dir], agent_devices=["cpu"] * 3)
+
+
+def test_meta_device_weights_are_refused_before_placement_moves_them(qwen_dir):
+    with torch.device("meta"):
+        meta = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(qwen_dir))
+    with pytest.raises(ValueError, match=r"agents\[1\] has parameters on the meta device"):
+        MAGRPOTrainer(agents=[AutoModelForCausalLM.from_pretrained(qwen_dir), meta],
+                      tokenizer=AutoTokenizer.from_pretrained(qwen_dir), reward_func=length_ratio_reward,
+                      train_dataset=Dataset.from_dict({"prompt": PROMPTS}), args=MAGRPOConfig(**FAST, agent_devices="cpu"))
 
 
 def test_shared_base_lora_on_two_devices_is_refused_before_loading(llama_dir, monkeypatch):

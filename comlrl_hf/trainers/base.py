@@ -217,7 +217,6 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
             check_dataset(name, dataset, needs_prompt=formatters is None)
         self._validate_before_loading(args, count)
         models = self._load_agent_models(sources, tokenizers, args.seed)  # LoRA-wrapped when peft_config is given
-        self._place(models, self.agent_device)
         seen: set[int] = set()
         for i, (model, tok) in enumerate(zip(models, tokenizers)):
             if id(model) in seen:
@@ -225,6 +224,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
             seen.add(id(model))
             check_vocab_fits(model, tok, f"agents[{i}]")
         check_devices({f"agents[{i}]": model for i, model in enumerate(models)}, args.device, self._agent_devices is not None)
+        self._place(models, self.agent_device)  # after the meta-device check: meta weights cannot be moved
         args.num_agents = count
         critics, layout = self._build_critics(models, tokenizers, args)
         self._place(critics or [], self.critic_device)
