@@ -34,6 +34,7 @@ from .hub import HubMixin
 from .peft_support import PeftMixin
 from .config import MultiAgentConfig
 from .distributed import DataParallelMixin
+from .placement import PlacementMixin
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
 
@@ -119,9 +120,10 @@ def check_dataset(name: str, dataset, needs_prompt: bool) -> None:
         raise ValueError(f"{name} has no 'prompt' column (columns: {sorted(columns)}); add one or pass formatters=")
 
 
-def check_devices(models: dict[str, torch.nn.Module], trainer_device) -> None:
-    """Every agent on one real device: the trainer moves them all to `args.device`, so agents the user placed on
-    different devices (or a model spread over several, or with meta-device weights) would be silently moved."""
+def check_devices(models: dict[str, torch.nn.Module], trainer_device, placed: bool = False) -> None:
+    """Every model on one real device. Unless `placed` (`agent_devices` moved each agent to its own device), every
+    agent on the same one: the trainer moves them all to `args.device`, so agents the user placed on different
+    devices would be silently moved."""
     placements = {}
     for where, model in models.items():
         devices = {p.device for p in model.parameters()}
@@ -131,15 +133,15 @@ def check_devices(models: dict[str, torch.nn.Module], trainer_device) -> None:
             raise ValueError(f"{where} is spread over devices {sorted(map(str, devices))}; each model must be on one device")
         if devices:
             placements[where] = next(iter(devices))
-    if len(set(placements.values())) > 1:
+    if not placed and len(set(placements.values())) > 1:
         listed = ", ".join(f"{where} on {device}" for where, device in placements.items())
         raise ValueError(
             f"the agents are on different devices ({listed}); put them on one device (the trainer moves every "
-            f"agent to args.device, here {trainer_device})"
+            f"agent to args.device, here {trainer_device}), or name each agent's device in agent_devices"
         )
 
 
-class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, DataParallelMixin, Trainer):
+class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, PlacementMixin, DataParallelMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -197,12 +199,14 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                     "DeepSpeed and FSDP are not supported yet (untested); use plain multi-process data parallelism "
                     "(examples/accelerate/multi_gpu.yaml)"
                 )
+        count = resolve_count("agents", num_agents, args.num_agents, agents)
+        self._resolve_agent_placement(args, count)  # with agent_devices, one process drives the GPUs: n_gpu is 1
         if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
             raise ValueError(
                 f"{args.n_gpu} GPUs are visible to one process (nn.DataParallel), which comlrl_hf does not support; "
-                "launch one process per GPU with `accelerate launch`/`torchrun`, or set CUDA_VISIBLE_DEVICES"
+                "launch one process per GPU with `accelerate launch`/`torchrun`, set agent_devices, or set "
+                "CUDA_VISIBLE_DEVICES"
             )
-        count = resolve_count("agents", num_agents, args.num_agents, agents)
         sources = resolve_sources("agents", agent_model, agents, count)
         self.model_config = validate_model_config(model_config)
         tokenizers = resolve_tokenizers(
@@ -219,9 +223,11 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                 raise ValueError(f"agents[{i}] is the same model object as an earlier agent; pass one model per agent")
             seen.add(id(model))
             check_vocab_fits(model, tok, f"agents[{i}]")
-        check_devices({f"agents[{i}]": model for i, model in enumerate(models)}, args.device)
+        check_devices({f"agents[{i}]": model for i, model in enumerate(models)}, args.device, self._agent_devices is not None)
+        self._place(models, self.agent_device)  # after the meta-device check: meta weights cannot be moved
         args.num_agents = count
         critics, layout = self._build_critics(models, tokenizers, args)
+        self._place(critics or [], self.critic_device)
         if args.disable_dropout:
             for model in models + list(critics or []):
                 disable_dropout_in_model(model)
@@ -242,6 +248,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             callbacks=callbacks,
             optimizers=optimizers,
         )
+        if self.placement_active:  # the Trainer must neither move the container nor wrap it in nn.DataParallel
+            self.is_model_parallel = True
         self._setup_wandb(wandb_config)
         if self._distributed:  # one sampling stream per process (TRL: set_seed(seed, device_specific=True))
             from accelerate.utils import set_seed
@@ -369,7 +377,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             per_agent[self._agent_of_group(group)].extend(p for p in group["params"] if p.grad is not None)
         norms = [torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm) for params in per_agent.values()]
         self._agent_grad_norms = {name: norm.item() for name, norm in zip(per_agent, norms)}
-        return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.tensor(0.0)
+        # each agent's norm is on its own device (agent_devices): combine them on the trainer's
+        return torch.linalg.vector_norm(torch.stack([n.to(self.args.device) for n in norms])) if norms else torch.tensor(0.0)
 
     # ---- one step ----
     def rollout(self, batch: list[dict]) -> Any:
@@ -423,13 +432,13 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                 loss = loss / self.current_gradient_accumulation_steps
                 if loss.requires_grad or not self._policy_loss_streamed:  # streamed: its chunks went backward
                     self.accelerator.backward(loss)
-                total += loss.detach()
+                total += loss.detach().to(total.device)  # agent i's loss is on its device
             for name, loss in self.shared_losses(rollout).items():  # e.g. a centralized critic: once per step
                 if not torch.isfinite(loss):
                     raise FloatingPointError(f"{name} produced a non-finite loss ({loss.item()}) at step {self.state.global_step}")
                 loss = loss / self.current_gradient_accumulation_steps
                 self.accelerator.backward(loss)
-                total += loss.detach()
+                total += loss.detach().to(total.device)
         finally:
             self._chunk_backward = self._step_weights = None
         if self.accelerator.sync_gradients:  # N processes: average every gradient once per optimizer step

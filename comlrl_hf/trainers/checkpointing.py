@@ -49,10 +49,11 @@ MATCHED_TRAINING_ARGS = (
     "per_device_train_batch_size", "gradient_accumulation_steps", "learning_rate", "weight_decay", "adam_beta1",
     "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "warmup_steps", "optim", "seed", "bf16", "fp16",
 )
-# What the spec lets change between the run and its resume: length, devices, logging and evaluation.
+# What the spec lets change between the run and its resume: length, devices, logging and evaluation. (Placement
+# changes nothing on CPU; across device types a resume continues correctly but not bitwise: docs/scaling.md.)
 RESUMABLE_CHANGES = {
     "num_train_epochs", "num_iterations", "eval_do_sample", "log_completions", "num_completions_to_print", "agent_devices",
-    "reward_model_device",
+    "critic_devices", "reward_model_device",
 }
 
 

@@ -9,6 +9,7 @@ from transformers import TrainingArguments
 
 from ..rollout.sampling import sampling_kwargs
 from ..utils.losses import LOSS_TYPES
+from .placement import check_placement_world_size, normalize_devices, resolve_devices
 
 DEFAULT_AGENT_LEARNING_RATE = 5e-6
 
@@ -40,6 +41,10 @@ class MultiAgentConfig(TrainingArguments):
             argument or the length of `agents`), else 2. When set, it must agree with the trainer.
         agent_learning_rate (`float`, defaults to `5e-6`): AdamW learning rate of every agent's parameter group.
         critic_learning_rate (`float` or `None`): learning rate of critic parameter groups (`None`: the agent rate).
+        agent_devices (`list[str]` or `None`): the device of each agent in this process (`["cuda:0", "cuda:1"]`), or
+            one device for all (`"cuda:1"` or `["cuda:1"]`); `None`: every agent on the trainer's device. Set, the
+            Trainer never moves the agents as one; rewards and advantages are computed on the trainer's device.
+            One process only; not with shared-base LoRA on several devices (docs/scaling.md).
 
     > Generation
 
@@ -122,6 +127,11 @@ class MultiAgentConfig(TrainingArguments):
     critic_learning_rate: float | None = field(
         default=None, metadata={"help": "Learning rate of critic parameter groups; None uses agent_learning_rate."}
     )
+    agent_devices: list[str] | None = field(
+        default=None,
+        metadata={"help": "Device of each agent in this process (e.g. cuda:0 cuda:1), or one device for all; None: "
+                          "every agent on the trainer's device. One process only."},
+    )
 
     # ---- generation ----
     num_generations: int = field(default=4, metadata={"help": "Completions per agent per prompt (group size K)."})
@@ -183,6 +193,16 @@ class MultiAgentConfig(TrainingArguments):
         self.agent_learning_rate = self.learning_rate = DEFAULT_AGENT_LEARNING_RATE if rate is None else rate
         self._validate_multi_agent_fields()
         super().__post_init__()
+        # after the Trainer's device setup: the process count is known only then
+        check_placement_world_size(self.world_size, self.agent_devices, getattr(self, "critic_devices", None))
+
+    @property
+    def place_model_on_device(self) -> bool | None:
+        """False with `agent_devices`/`critic_devices`: each model is already on its device and the Trainer must
+        not move the container to `args.device` as one (None: the Trainer's own rule)."""
+        if self.agent_devices is not None or getattr(self, "critic_devices", None) is not None:
+            return False
+        return None
 
     def _validate_multi_agent_fields(self) -> None:
         def positive_int(name: str, value, minimum: int = 1):
@@ -221,6 +241,9 @@ class MultiAgentConfig(TrainingArguments):
         if not (isinstance(self.discount, (int, float)) and 0 <= self.discount <= 1):
             raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
         positive_int("max_tree_nodes", self.max_tree_nodes)
+        self.agent_devices = normalize_devices("agent_devices", self.agent_devices)
+        if self.agent_devices is not None and self.num_agents is not None:  # else the trainer checks the length
+            resolve_devices("agent_devices", self.agent_devices, self.num_agents, "agents")
         if self.num_agents is not None:  # else checked by the trainer once it knows the agent count
             self.check_tree_size(self.num_agents)
         for name in ("agent_learning_rate", "critic_learning_rate"):

@@ -42,6 +42,7 @@ class PeftMixin:
         configs = resolve_peft_configs(peft_config, len(sources))
         backend = choose_backend(requested, sources, tokenizers, configs is not None)
         self.peft_backend = backend
+        self._check_shared_base_placement(backend)  # one base cannot sit on two devices: refuse before loading
         if backend is None:
             return [load_causal_lm(src, self.model_config) for src in sources]
         check_not_already_peft(sources)

@@ -21,6 +21,7 @@ from ...utils.advantages import tree_gae
 from ...utils.losses import value_loss
 from ...utils.model_sources import check_vocab_fits, load_causal_lm
 from ...utils.seeding import seeded_stream
+from ..placement import resolve_devices
 from ..base import MultiAgentTrainer
 from .config import ActorCriticConfig
 
@@ -57,6 +58,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
 
     def _validate_before_loading(self, args, num_agents: int) -> None:
         self._resolved_critics = self._critic_sources(args, num_agents)
+        self._resolve_critic_placement(args)
         self._critic_peft_configs = None
         if self._critic_peft_config is not None:
             if self._resolved_critics is None:
@@ -66,6 +68,27 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 )
             self._critic_peft_configs = resolve_peft_configs(self._critic_peft_config, len(self._resolved_critics), "critics")
             check_not_already_peft(self._resolved_critics, "critics")
+
+    def _resolve_critic_placement(self, args) -> None:
+        """`critic_devices`, one per separate critic (or one for all); unset, the critics' default devices when
+        the agents are placed. Value heads on the actors follow their actors."""
+        requested = getattr(args, "critic_devices", None)  # MARLHF's config has no critic_devices: the defaults
+        if self._resolved_critics is None:
+            if requested is not None:
+                raise ValueError(
+                    f"critic_devices={requested!r} needs separate critics; with use_separate_critic=False each value head "
+                    "sits on its actor and follows agent_devices"
+                )
+            return
+        count = len(self._resolved_critics)
+        owner = "critics" if count > 1 else "critics (one centralized critic)"
+        self._critic_devices = resolve_devices("critic_devices", requested, count, owner)
+        if self._critic_devices is None and self._agent_devices is not None:
+            self._critic_devices = self.default_critic_devices(args, count)
+
+    def default_critic_devices(self, args, count: int) -> list[torch.device]:
+        """Where critics go when the agents are placed and `critic_devices` is unset: the trainer's device."""
+        return [args.device] * count
 
     def _load_critic(self, source, tokenizer, where: str, hidden_dim: int | None, seed: int, index: int = 0):
         critic = load_causal_lm(source, self.model_config)
@@ -83,8 +106,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
     @staticmethod
     def _state_or_action_values(model, r: AgentRollout, critic_type: str) -> torch.Tensor:
         """One forward over prompt+completion: V at the last prompt token, Q at the last completion token."""
-        ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1)
-        mask = torch.cat([r.prompt_mask, r.completion_mask.to(r.prompt_mask.dtype)], dim=1)
+        device = next(model.parameters()).device  # the rows were generated on the actor's device
+        ids = torch.cat([r.prompt_ids, r.completion_ids], dim=1).to(device)
+        mask = torch.cat([r.prompt_mask, r.completion_mask.to(r.prompt_mask.dtype)], dim=1).to(device)
         values = token_values(model, ids, mask)
         prompt_len = r.prompt_ids.shape[1]
         if critic_type == "v":
@@ -105,7 +129,8 @@ class ActorCriticTrainer(MultiAgentTrainer):
         targets = [[None] * self.num_agents for _ in turns]
         old_values = [[None] * self.num_agents for _ in turns]
         with torch.no_grad():
-            values = [[self.row_values(turn, i).float() for i in range(self.num_agents)] for turn in turns]
+            # on the trainer's device with the rewards: GAE runs there, whatever device each critic is on
+            values = [[self.row_values(turn, i).float().to(args.device) for i in range(self.num_agents)] for turn in turns]
         gae = [tree_gae(rewards, [v[i] for v in values], next_rows, args.discount, args.gae_lambda)
                for i in range(self.num_agents)]  # per agent: (advantages, targets), each [turn] -> [rows]
         # z-scored over the global batch: N processes then give each row the advantage one process would
@@ -115,7 +140,7 @@ class ActorCriticTrainer(MultiAgentTrainer):
                 a = adv[t]
                 if every is not None and every[i][t].numel() > 1:
                     a = (a - every[i][t].mean()) / (every[i][t].std() + 1e-8)
-                turn.advantages.append(a)
+                turn.advantages.append(a.to(self.agent_device(i)))
                 targets[t][i], old_values[t][i] = tgt[t], values[t][i]
             self.record_metric(f"agent_{i}/value_mean", torch.cat([v[i] for v in values]).mean())
         returns = discounted_returns([turn.rewards for turn in turns], [turn.children for turn in turns], args.discount)
@@ -127,9 +152,9 @@ class ActorCriticTrainer(MultiAgentTrainer):
         """Value loss of the critic serving `agent_index`, over every turn (rows weighted equally)."""
         losses, weights = [], []
         for t, turn in enumerate(inputs.turns):
-            values = self.row_values(turn, agent_index).float()
-            losses.append(value_loss(values, inputs.value_targets[t][agent_index], inputs.old_values[t][agent_index],
-                                     self.args.value_clip_range))
+            values = self.row_values(turn, agent_index).float()  # on the critic's device
+            target, old = inputs.value_targets[t][agent_index], inputs.old_values[t][agent_index]
+            losses.append(value_loss(values, target.to(values.device), old.to(values.device), self.args.value_clip_range))
             weights.append(values.numel())
         total = sum(weights)
         loss = sum(w / total * loss for w, loss in zip(weights, losses))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..config import MultiAgentConfig
+from ..placement import normalize_devices
 
 
 @dataclass
@@ -19,6 +20,9 @@ class ActorCriticConfig(MultiAgentConfig):
         value_loss_coef (`float`, defaults to `0.6`): weight of the value loss.
         value_clip_range (`float` or `None`, defaults to `0.2`): PPO value clipping around the rollout's values.
         normalize_advantages (`bool`, defaults to `True`): z-score each agent's advantages within a turn.
+        critic_devices (`list[str]` or `None`): the device of each separate critic (IAC: one per agent or one for
+            all; MAAC: one for the centralized critic). `None`: IAC critic i sits with agent i, the MAAC critic on
+            the trainer's device. Value heads on the actors (`use_separate_critic=False`) follow `agent_devices`.
     """
 
     num_generations: int = field(default=1, metadata={"help": "Samples per agent per prompt (1 for multi-turn)."})
@@ -27,9 +31,15 @@ class ActorCriticConfig(MultiAgentConfig):
     value_loss_coef: float = field(default=0.6, metadata={"help": "Weight of the value loss."})
     value_clip_range: float | None = field(default=0.2, metadata={"help": "Value clipping range (None: off)."})
     normalize_advantages: bool = field(default=True, metadata={"help": "Z-score advantages per agent and turn."})
+    critic_devices: list[str] | None = field(
+        default=None,
+        metadata={"help": "Device of each separate critic (IAC: one per agent or one for all; MAAC: one); None: IAC "
+                          "critics with their agents, the MAAC critic on the trainer's device."},
+    )
 
     def __post_init__(self):
         check_actor_critic_fields(self)
+        self.critic_devices = normalize_devices("critic_devices", self.critic_devices)
         super().__post_init__()
 
 

@@ -58,6 +58,10 @@ class IACTrainer(ActorCriticTrainer):
             raise ValueError("each critic must be its own model object (not shared with another critic or an agent)")
         return critics, "per_agent"
 
+    def default_critic_devices(self, args, count: int) -> list:
+        """Critic i with agent i."""
+        return list(self._agent_devices)
+
     def row_values(self, turn: TurnRollout, agent_index: int) -> torch.Tensor:
         model = self.agents[agent_index] if self.critics is None else self.critics[agent_index]
         return self._state_or_action_values(model, turn.agents[agent_index], self.args.critic_type)
@@ -66,4 +70,4 @@ class IACTrainer(ActorCriticTrainer):
         policy = self.policy_loss_over_turns(agent_index, inputs.turns)
         value = self.critic_value_loss(inputs, agent_index)
         self.record_metric(f"agent_{agent_index}/value_loss", value.detach())
-        return policy + self.args.value_loss_coef * value
+        return policy + self.args.value_loss_coef * value.to(policy.device)  # critic i may sit elsewhere

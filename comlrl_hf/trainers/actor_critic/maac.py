@@ -63,7 +63,7 @@ class MAACTrainer(ActorCriticTrainer):
         if cache is not None and not torch.is_grad_enabled():
             return cache
         encoded = self.tokenizers[0](self._joint_texts(turn), return_tensors="pt", padding=True, padding_side="right")
-        encoded = encoded.to(self.args.device)
+        encoded = encoded.to(self.critic_device(0))  # the joint input goes where the critic is
         values = token_values(self.critics[0], encoded["input_ids"], encoded["attention_mask"])
         last = encoded["attention_mask"].sum(dim=1) - 1
         values = values.gather(1, last.unsqueeze(1)).squeeze(1)

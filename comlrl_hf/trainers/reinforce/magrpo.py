@@ -68,8 +68,8 @@ class MAGRPOTrainer(MultiAgentTrainer):
         actions = joint_actions(K, self.num_agents, args.joint_mode)
         for turn, G in zip(turns, returns):
             credit = torch.stack([credit_to_agents(g, actions, K) for g in G])  # [nodes, N, K]
-            turn.advantages = [
-                group_advantages(credit[:, i], args.advantage_mode, args.scale_rewards).reshape(-1).to(args.device)
+            turn.advantages = [  # computed on the rollout's device, used on agent i's (agent_devices)
+                group_advantages(credit[:, i], args.advantage_mode, args.scale_rewards).reshape(-1).to(self.agent_device(i))
                 for i in range(self.num_agents)
             ]
         self.finish_rollout(turns, returns, actions)
