@@ -34,6 +34,7 @@ from .hub import HubMixin
 from .peft_support import PeftMixin
 from .config import MultiAgentConfig
 from .distributed import DataParallelMixin
+from .fsdp import FullyShardedMixin, full_tensor
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
 
@@ -139,7 +140,7 @@ def check_devices(models: dict[str, torch.nn.Module], trainer_device) -> None:
         )
 
 
-class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, DataParallelMixin, Trainer):
+class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, FullyShardedMixin, CheckpointMixin, DataParallelMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -151,6 +152,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
     loss_is_scaled_for_ga = True
     # Data-parallel training (one process per device) is tested for this trainer (tests/test_ddp.py).
     supports_data_parallel = False
+    # FSDP2, each agent sharded on its own (fsdp.py; tests/test_fsdp.py).
+    supports_fully_sharded = False
 
     def __init__(
         self,
@@ -192,11 +195,12 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
                     f"distributed training (world_size={args.world_size}) is not supported by {type(self).__name__} yet "
                     "(supported: the MAGRPO family); run one process"
                 )
-            if args.deepspeed or args.fsdp:
-                raise ValueError(
-                    "DeepSpeed and FSDP are not supported yet (untested); use plain multi-process data parallelism "
-                    "(examples/accelerate/multi_gpu.yaml)"
-                )
+        if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            raise ValueError(
+                "DeepSpeed is not supported yet (untested); use FSDP2 (examples/accelerate/fsdp2.yaml) or plain "
+                "multi-process data parallelism (examples/accelerate/multi_gpu.yaml)"
+            )
+        self._check_fsdp(args, peft_config)  # FSDP2 asked for: supported here, with these settings?
         if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
             raise ValueError(
                 f"{args.n_gpu} GPUs are visible to one process (nn.DataParallel), which comlrl_hf does not support; "
@@ -249,6 +253,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
             set_seed(self.args.seed, device_specific=True)
         # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
         self.ref_agents = self._reference_models() if self.args.beta > 0 else None
+        self._shard_agents()  # FSDP2: after the reference copies (kept whole on every process), before the optimizer
         self._last_samples: list[dict] = []
 
     def _setup_wandb(self, wandb_config: dict | None) -> None:
@@ -366,7 +371,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         per_agent: dict[str, list[torch.Tensor]] = defaultdict(list)
         for group in self.optimizer.param_groups:
             per_agent[self._agent_of_group(group)].extend(p for p in group["params"] if p.grad is not None)
-        norms = [torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm) for params in per_agent.values()]
+        # under FSDP the gradients are DTensor shards and each norm is the agent's global norm
+        norms = [full_tensor(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)) for params in per_agent.values()]
         self._agent_grad_norms = {name: norm.item() for name, norm in zip(per_agent, norms)}
         return torch.linalg.vector_norm(torch.stack(norms)) if norms else torch.tensor(0.0)
 
@@ -468,7 +474,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Data
         if not self.args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
-        self._container.save_pretrained(output_dir)
+        self._container.save_pretrained(output_dir, agent_state_dicts=self._agent_state_dicts())
         with open(os.path.join(output_dir, "training_args.json"), "w", encoding="utf-8") as f:
             f.write(self.args.to_json_string())
 
