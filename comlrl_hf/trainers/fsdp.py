@@ -196,6 +196,15 @@ class FullyShardedMixin:
             agent.set_reshard_after_forward(self._fsdp_settings["reshard_after_forward"])
             agent.reshard()
 
+    def _wrap_model(self, model, training: bool = True, dataloader=None):
+        """Never DDP around sharded agents (accelerate would wrap even one process): device placement and mixed
+        precision only, as `DataParallelMixin` does."""
+        if not self._fsdp:
+            return super()._wrap_model(model, training=training, dataloader=dataloader)
+        if not getattr(model, "_is_accelerate_prepared", False):
+            model = self.accelerator.prepare_model(model, evaluation_mode=True)
+        return model
+
     # ---- gradients ----
     def all_reduce_gradients(self) -> None:
         if not self._fsdp:
