@@ -90,10 +90,12 @@ class MultiAgentModel(nn.Module):
             return [(os.path.join(os.fspath(root), "critic"), 0)]
         return []
 
-    def save_pretrained(self, save_directory: str | os.PathLike) -> None:
-        """Write the layout above; every backbone folder loads with `from_pretrained`."""
+    def save_pretrained(self, save_directory: str | os.PathLike, agent_state_dicts: list[dict] | None = None) -> None:
+        """Write the layout above; every backbone folder loads with `from_pretrained`. `agent_state_dicts`:
+        the weights to write per agent instead of the live ones (FSDP's gathered full state dicts)."""
         for i, (agent, tokenizer) in enumerate(zip(self.agents, self.tokenizers)):
-            save_with_value_head(agent, agent_dir(save_directory, i), tokenizer)
+            state = agent_state_dicts[i] if agent_state_dicts is not None else None
+            save_with_value_head(agent, agent_dir(save_directory, i), tokenizer, state_dict=state)
         for critic, (path, tok_index) in zip(self.critics or [], self._critic_dirs(save_directory)):
             save_with_value_head(critic, path, self.tokenizers[tok_index])
 
@@ -113,6 +115,13 @@ def _load_folder_into(model: nn.Module, folder: str) -> None:
         if getattr(model, "value_head", None) is not None:
             load_value_head(model, folder)
         return
+    model.load_state_dict(read_folder_state(model, folder), strict=False)
+    if getattr(model, "value_head", None) is not None:
+        load_value_head(model, folder)
+
+
+def read_folder_state(model: nn.Module, folder: str) -> dict[str, torch.Tensor]:
+    """The safetensors weights of a saved full (non-LoRA) model folder, checked to fit `model`."""
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index, encoding="utf-8") as f:
@@ -130,6 +139,4 @@ def _load_folder_into(model: nn.Module, folder: str) -> None:
     missing, unexpected = required - state.keys(), state.keys() - set(model.state_dict())
     if missing or unexpected:
         raise ValueError(f"{folder} does not fit {type(model).__name__}: missing {sorted(missing)[:5]}, unexpected {sorted(unexpected)[:5]}")
-    model.load_state_dict(state, strict=False)
-    if getattr(model, "value_head", None) is not None:
-        load_value_head(model, folder)
+    return state

@@ -53,10 +53,13 @@ def token_values(model: nn.Module, input_ids: torch.Tensor, attention_mask: torc
     return model.value_head(hidden)
 
 
-def save_with_value_head(model: nn.Module, directory: str, tokenizer=None) -> None:
-    """`directory/` as a `from_pretrained` folder (without the head) plus `directory/value_head.pt`."""
+def save_with_value_head(model: nn.Module, directory: str, tokenizer=None, state_dict: dict | None = None) -> None:
+    """`directory/` as a `from_pretrained` folder (without the head) plus `directory/value_head.pt`;
+    `state_dict`: the weights to write instead of the live ones (no value head)."""
     os.makedirs(directory, exist_ok=True)
-    if getattr(model, "value_head", None) is None:
+    if state_dict is not None:
+        model.save_pretrained(directory, state_dict=state_dict)
+    elif getattr(model, "value_head", None) is None:
         model.save_pretrained(directory)
     else:
         model.save_pretrained(directory, state_dict={k: v for k, v in model.state_dict().items() if not k.startswith("value_head.")})

@@ -35,6 +35,7 @@ from .peft_support import PeftMixin
 from .config import MultiAgentConfig
 from .distributed import DataParallelMixin
 from .placement import PlacementMixin
+from .fsdp import FullyShardedMixin, full_tensor
 from .wandb_callback import MultiAgentWandbCallback, validate_wandb_config
 
 
@@ -141,7 +142,8 @@ def check_devices(models: dict[str, torch.nn.Module], trainer_device, placed: bo
         )
 
 
-class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, PlacementMixin, DataParallelMixin, Trainer):
+class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, FullyShardedMixin, CheckpointMixin, PlacementMixin,
+                         DataParallelMixin, Trainer):
     """Base class of every comlrl_hf trainer. Subclasses set `config_class` and implement
     `rollout(batch) -> inputs` and `agent_loss(agent_index, inputs) -> loss`."""
 
@@ -153,6 +155,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
     loss_is_scaled_for_ga = True
     # Data-parallel training (one process per device) is tested for this trainer (tests/test_ddp.py).
     supports_data_parallel = False
+    # FSDP2, each agent sharded on its own (fsdp.py; tests/test_fsdp.py).
+    supports_fully_sharded = False
 
     def __init__(
         self,
@@ -194,11 +198,12 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
                     f"distributed training (world_size={args.world_size}) is not supported by {type(self).__name__} "
                     "(it sets supports_data_parallel = False); run one process"
                 )
-            if args.deepspeed or args.fsdp:
-                raise ValueError(
-                    "DeepSpeed and FSDP are not supported yet (untested); use plain multi-process data parallelism "
-                    "(examples/accelerate/multi_gpu.yaml)"
-                )
+        if args.deepspeed or os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+            raise ValueError(
+                "DeepSpeed is not supported yet (untested); use FSDP2 (examples/accelerate/fsdp2.yaml) or plain "
+                "multi-process data parallelism (examples/accelerate/multi_gpu.yaml)"
+            )
+        self._check_fsdp(args, peft_config)  # FSDP2 asked for: supported here, with these settings?
         count = resolve_count("agents", num_agents, args.num_agents, agents)
         self._resolve_agent_placement(args, count)  # with agent_devices, one process drives the GPUs: n_gpu is 1
         if args.n_gpu > 1:  # Trainer would wrap the container in nn.DataParallel, which cannot route agents
@@ -258,6 +263,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
         self._broadcast_parameters([self.model])  # N processes start from process 0's agents and critics
         # The KL reference, only when the KL term is on: frozen copies, or the base with adapters off under LoRA.
         self.ref_agents = self._reference_models() if self.args.beta > 0 else None
+        self._shard_agents()  # FSDP2: after the reference copies (kept whole on every process), before the optimizer
         self._last_samples: list[dict] = []
 
     def _setup_wandb(self, wandb_config: dict | None) -> None:
@@ -375,7 +381,8 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
         per_agent: dict[str, list[torch.Tensor]] = defaultdict(list)
         for group in self.optimizer.param_groups:
             per_agent[self._agent_of_group(group)].extend(p for p in group["params"] if p.grad is not None)
-        norms = [torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm) for params in per_agent.values()]
+        # under FSDP the gradients are DTensor shards and each norm is the agent's global norm
+        norms = [full_tensor(torch.nn.utils.clip_grad_norm_(params, self.args.max_grad_norm)) for params in per_agent.values()]
         self._agent_grad_norms = {name: norm.item() for name, norm in zip(per_agent, norms)}
         # each agent's norm is on its own device (agent_devices): combine them on the trainer's
         return torch.linalg.vector_norm(torch.stack([n.to(self.args.device) for n in norms])) if norms else torch.tensor(0.0)
@@ -483,7 +490,7 @@ class MultiAgentTrainer(HubMixin, PeftMixin, EpisodeMixin, CheckpointMixin, Plac
         if not self.args.should_save:
             return
         os.makedirs(output_dir, exist_ok=True)
-        self._container.save_pretrained(output_dir)
+        self._container.save_pretrained(output_dir, agent_state_dicts=self._agent_state_dicts())
         with open(os.path.join(output_dir, "training_args.json"), "w", encoding="utf-8") as f:
             f.write(self.args.to_json_string())
 

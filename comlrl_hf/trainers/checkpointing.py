@@ -383,11 +383,14 @@ class CheckpointMixin:
         return {}
 
     # ---- loading ----
+    def _load_agent_weights(self, path: str) -> None:
+        self._container.load_weights(path)
+
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         """Load every `agent_i/` (and critic) into the live models in place (before the optimizer exists),
         then the user objects' state."""
         try:
-            self._container.load_weights(resume_from_checkpoint)
+            self._load_agent_weights(resume_from_checkpoint)
         except (FileNotFoundError, ValueError) as error:
             raise CheckpointError(str(error)) from error
         states = self._read_user_states(resume_from_checkpoint)

@@ -75,18 +75,19 @@ class EpisodeMixin:
     # ---- generation and scoring ----
     def _generate_for(self, agent_index: int, prompts: list, num_generations: int, do_sample: bool = True) -> AgentRollout:
         indices = getattr(self, "_prompt_indices", None)  # set during training with seed_generation_per_prompt
-        if do_sample and indices is not None:
-            # a stage that samples outside the RL steps (MARLHF's pairs) sets its own prefix
-            prefix = getattr(self, "_prompt_seed_prefix", None) or (self.args.seed, self.state.global_step)
-            seeds = [prompt_seed(*prefix, index, agent_index) for index in indices]
-            return generate_per_prompt(
+        with self.gathered_for_generation(agent_index):  # FSDP: the agent's full weights while it decodes
+            if do_sample and indices is not None:
+                # a stage that samples outside the RL steps (MARLHF's pairs) sets its own prefix
+                prefix = getattr(self, "_prompt_seed_prefix", None) or (self.args.seed, self.state.global_step)
+                seeds = [prompt_seed(*prefix, index, agent_index) for index in indices]
+                return generate_per_prompt(
+                    self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
+                    self.args.generation_kwargs(do_sample=True), seeds,
+                )
+            return generate_completions(
                 self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
-                self.args.generation_kwargs(do_sample=True), seeds,
+                self.args.generation_kwargs(do_sample=do_sample),
             )
-        return generate_completions(
-            self.agents[agent_index], self.tokenizers[agent_index], prompts, num_generations,
-            self.args.generation_kwargs(do_sample=do_sample),
-        )
 
     def _score(self, completions: list[list[str]], items: list) -> list[float]:
         prompts = [item.get("prompt") if isinstance(item, dict) else None for item in items]

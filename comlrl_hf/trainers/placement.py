@@ -105,6 +105,11 @@ class PlacementMixin:
         self._agent_devices = resolve_devices("agent_devices", args.agent_devices, num_agents, "agents")
         if args.agent_devices is not None or getattr(args, "critic_devices", None) is not None:
             check_placement_world_size(args.world_size, args.agent_devices, getattr(args, "critic_devices", None))
+            if getattr(self, "_fsdp", False):  # FSDP shards every agent over the processes' devices
+                raise ValueError(
+                    f"agent_devices={args.agent_devices} / critic_devices={getattr(args, 'critic_devices', None)} cannot "
+                    "be combined with FSDP, which places each agent's shards on the processes' own devices"
+                )
             args._n_gpu = 1
 
     def _check_shared_base_placement(self, backend: str | None) -> None:

@@ -59,6 +59,7 @@ class MAGRPOTrainer(MultiAgentTrainer):
     config_class = MAGRPOConfig
     algorithm_name = "MAGRPO"
     supports_data_parallel = True  # tests/test_ddp.py
+    supports_fully_sharded = True  # tests/test_fsdp.py
 
     def rollout(self, batch: list[dict]) -> JointRollout:
         """Grow each prompt's tree, then give every node's K completions per agent their group advantages."""
