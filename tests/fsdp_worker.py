@@ -22,13 +22,13 @@ def main(out, llama_dir, qwen_dir):
     os.makedirs(out, exist_ok=True)
     os.chdir(out)
     dirs = [llama_dir, qwen_dir]
-    full = ddp_worker.build(dirs, 2, world, "grpo")
+    full = ddp_worker.build("grpo", dirs, world)
     # each process holds a shard of every agent parameter (DTensor), not a replica
     local = sum(p.to_local().numel() for a in full.agents for p in a.parameters())
     total = sum(p.numel() for a in full.agents for p in a.parameters())
     full.train(checkpoint_dir="full", checkpoint_interval=1)
     full_state = full._gather_full_state()
-    resumed = ddp_worker.build(dirs, 2, world, "grpo")
+    resumed = ddp_worker.build("grpo", dirs, world)
     resumed.train(resume_from_checkpoint="full/checkpoint-1", checkpoint_dir="resumed", checkpoint_interval=1)
     resumed_state = resumed._gather_full_state()
     if rank == 0:

@@ -114,7 +114,9 @@ def test_two_process_magrpo_equals_one_process_and_resumes_exactly(two_process_r
 def test_two_process_actor_critic_equals_one_process_and_resumes_exactly(kind, two_process_runs, llama_dir, qwen_dir, tmp_path):
     """Critics (separate, value heads on the actors, centralized Q) are averaged like the agents; advantages are
     z-scored over the global batch (each process holds 2 of its 4 rows)."""
-    single, logs = _check_two_process_run(two_process_runs, kind, [llama_dir, qwen_dir], tmp_path, 2e-5)
+    # AdamW normalises tiny critic gradients, so summation-order noise reaches ~2e-5 (maac observed 2.3e-5 after the
+    # weights moved 4e-3); a real error (advantages z-scored per process) moved them 7.9e-3
+    single, logs = _check_two_process_run(two_process_runs, kind, [llama_dir, qwen_dir], tmp_path, 1e-4)
     assert logs["env_step"] == [16, 16]
     value_loss = "critic/value_loss" if kind == "maac" else "agent_0/value_loss"
     for a, b in zip(logs["full"], ddp_worker.step_logs(single)):
