@@ -19,6 +19,7 @@ Figures per run:
     peak RSS      the subprocess's peak resident memory
     floor         ours only: one batched generate per agent over all prompts x K plus one forward+backward over
                   the same tokens, in the same process, after training: the least any implementation must do
+    step s        ours only: seconds inside optimizer steps (train s minus `train()`'s one-time set-up)
 """
 
 from __future__ import annotations
@@ -119,13 +120,37 @@ def _run_ours(args, dirs: list[str]) -> dict:
     trainer = MAGRPOTrainer(agents=dirs, reward_func=length_ratio_reward, train_dataset=dataset, args=config,
                             peft_config=peft_config, model_config={"dtype": "bfloat16"} if args.bf16 else None)
     timer = {"seconds": 0.0, "tokens": 0}
-    _timed_generate(trainer.agents, timer)
+    shared_bases = {id(a.peft_model): a.peft_model for a in trainer.agents if hasattr(a, "peft_model")}
+    # shared-base LoRA generates for every agent in one call on the base PeftModel
+    _timed_generate(list(shared_bases.values()) or trainer.agents, timer)
+    steps = _StepTimer()
+    trainer.add_callback(steps)
     start = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - start
     result = _figures(seconds, trainer.env_step, timer, trainer.state.global_step)
-    result["floor_s"] = _floor(trainer, args)
+    result["floor_s"], result["steps_s"] = _floor(trainer, args), steps.seconds
     return result
+
+
+class _StepTimer:
+    """Seconds inside optimizer steps (rollout, loss, backward, optimizer), without `train()`'s one-time set-up
+    (accelerate's `free_memory` runs `gc.collect`, the dataloader, the optimizer), which a 1-step run would
+    otherwise charge to its step. Duck-typed TrainerCallback: only the two events it needs."""
+
+    def __init__(self):
+        self.seconds, self._start = 0.0, None
+
+    def __getattr__(self, name):  # every other callback event: do nothing
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.seconds += time.perf_counter() - self._start
 
 
 def _floor(trainer, args) -> float:
@@ -254,7 +279,7 @@ def main(argv=None):
     print(f"model {args.model}; 2 agents, K=4, {args.tokens} forced tokens, 1 epoch, {tuning}, "
           f"{'bf16' if args.bf16 else 'fp32'}; "
           f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; median of {args.repeats}")
-    print("| library | prompts | env-steps/s | gen tok/s | gen share | update s/step | peak RSS MiB | floor s / train s |")
+    print("| library | prompts | env-steps/s | gen tok/s | gen share | update s/step | peak RSS MiB | floor s / step s / train s |")
     print("|---|---|---|---|---|---|---|---|")
     for prompts in args.prompts:
         runs = {lib: [] for lib in libraries}
@@ -263,7 +288,7 @@ def main(argv=None):
                 runs[lib].append(_spawn(lib, args, prompts))
         med = {lib: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for lib, rs in runs.items()}
         for lib, m in med.items():
-            floor = f"{m['floor_s']:.2f} / {m['seconds']:.2f}" if "floor_s" in m else "-"
+            floor = f"{m['floor_s']:.2f} / {m['steps_s']:.2f} / {m['seconds']:.2f}" if "floor_s" in m else "-"
             memory = f"{m['peak_rss_mib']:.0f}" + (f" (GPU {m['peak_gpu_mib']:.0f})" if "peak_gpu_mib" in m else "")
             print(f"| {lib} | {prompts} | {m['env_steps_per_s']:.2f} | {m['gen_tok_per_s']:.0f} | {m['gen_share']:.0%} | "
                   f"{m['update_s_per_step']:.2f} | {memory} | {floor} |")

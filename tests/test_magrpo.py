@@ -291,3 +291,25 @@ def test_loss_chunks_give_the_same_update_with_bounded_rows(llama_dir, qwen_dir,
     assert [l for l, _ in logs[0]] == pytest.approx([l for l, _ in logs[1]], rel=1e-5, abs=1e-7)
     with pytest.raises(ValueError, match="loss_chunk_size must be an integer >= 1, got 0"):
         MAGRPOConfig(loss_chunk_size=0)
+
+
+def test_objects_alive_before_training_are_frozen_for_the_garbage_collector_only_while_training(qwen_dir, dataset):
+    import gc
+
+    class FreezeProbe(TrainerCallback):
+        counts = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.counts.append(gc.get_freeze_count())
+
+    trainer = MAGRPOTrainer(agent_model=qwen_dir, num_agents=2, reward_func=length_ratio_reward, train_dataset=dataset,
+                            args=_config(max_steps=1), callbacks=[FreezeProbe()])
+    trainer.train()
+    assert FreezeProbe.counts and min(FreezeProbe.counts) > 100_000  # torch/transformers objects skipped by full collections
+    assert gc.get_freeze_count() == 0  # unfrozen after training
+    gc.freeze()  # a caller's own freeze is left as it was
+    try:
+        trainer.train()
+        assert gc.get_freeze_count() > 100_000  # still frozen: training did not unfreeze the caller's objects
+    finally:
+        gc.unfreeze()
