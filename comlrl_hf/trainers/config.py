@@ -141,7 +141,7 @@ class MultiAgentConfig(TrainingArguments):
     )
     temperature: float = field(default=0.6, metadata={"help": "Sampling temperature (> 0)."})
     top_p: float = field(default=0.6, metadata={"help": "Nucleus sampling probability mass in (0, 1]."})
-    top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it."})
+    top_k: int | None = field(default=50, metadata={"help": "Top-k sampling; None or 0 disables it. With top-k on, the draw is made among the top-k logits only (same kept tokens and probabilities as transformers' warpers)."})
     num_turns: int = field(default=1, metadata={"help": "Turns per episode (> 1 needs an external_transition)."})
     joint_mode: str = field(
         default="aligned",
