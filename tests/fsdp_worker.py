@@ -27,6 +27,8 @@ def main(out, llama_dir, qwen_dir):
     local = sum(p.to_local().numel() for a in full.agents for p in a.parameters())
     total = sum(p.numel() for a in full.agents for p in a.parameters())
     full.train(checkpoint_dir="full", checkpoint_interval=1)
+    full._generate_for(0, ["Describe a city in the clouds:"], 1, do_sample=False)  # gathers agent 0 whole, then
+    resharded = all(type(p).__name__ == "DTensor" for p in full.agents[0].parameters())  # every group is sharded again
     full_state = full._gather_full_state()
     resumed = ddp_worker.build("grpo", dirs, world)
     resumed.train(resume_from_checkpoint="full/checkpoint-1", checkpoint_dir="resumed", checkpoint_interval=1)
@@ -35,7 +37,7 @@ def main(out, llama_dir, qwen_dir):
         torch.save({"full": full_state, "resumed": resumed_state}, "states.pt")
     with open(f"logs_rank{rank}.json", "w") as f:
         json.dump({"full": ddp_worker.step_logs(full), "resumed": ddp_worker.step_logs(resumed),
-                   "env_step": [full.env_step, resumed.env_step], "local": local, "total": total,
+                   "env_step": [full.env_step, resumed.env_step], "local": local, "total": total, "resharded": resharded,
                    "files": sorted(os.listdir("full/checkpoint-1"))}, f)
 
 

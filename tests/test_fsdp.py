@@ -42,6 +42,7 @@ def test_two_process_fsdp2_magrpo_equals_one_process_and_resumes_exactly(llama_d
 
     logs = [json.load(open(out / f"logs_rank{r}.json")) for r in range(2)]
     # each process holds its own part of every agent: the parts add up to the agents, neither holds them whole
+    assert logs[0]["resharded"] and logs[1]["resharded"]  # after generate, no layer stays whole
     assert logs[0]["local"] + logs[1]["local"] == logs[0]["total"] and max(log["local"] for log in logs) < 0.6 * logs[0]["total"]
     states = torch.load(out / "states.pt", weights_only=True)
     full = {f"agent_{i}.{k}": v for i, s in enumerate(states["full"]["agents"]) for k, v in s.items()}

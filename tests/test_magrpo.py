@@ -296,16 +296,29 @@ def test_loss_chunks_give_the_same_update_with_bounded_rows(llama_dir, qwen_dir,
 def test_objects_alive_before_training_are_frozen_for_the_garbage_collector_only_while_training(qwen_dir, dataset):
     import gc
 
+    import weakref
+
+    class Cycle:
+        pass
+
+    old = Cycle()
+    old.me = old
+    gc.collect()  # it survives a collection: an old-generation object, like a previous trainer in a notebook
+    garbage = weakref.ref(old)
+    del old  # now old-generation cyclic garbage when training starts
+
     class FreezeProbe(TrainerCallback):
-        counts = []
+        counts, garbage_alive = [], []
 
         def on_step_begin(self, args, state, control, **kwargs):
             self.counts.append(gc.get_freeze_count())
+            self.garbage_alive.append(garbage() is not None)
 
     trainer = MAGRPOTrainer(agent_model=qwen_dir, num_agents=2, reward_func=length_ratio_reward, train_dataset=dataset,
                             args=_config(max_steps=1), callbacks=[FreezeProbe()])
     trainer.train()
     assert FreezeProbe.counts and min(FreezeProbe.counts) > 100_000  # torch/transformers objects skipped by full collections
+    assert FreezeProbe.garbage_alive == [False]  # collected before the freeze, not kept for the run
     assert gc.get_freeze_count() == 0  # unfrozen after training
     gc.freeze()  # a caller's own freeze is left as it was
     try:

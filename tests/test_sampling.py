@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from comlrl_hf import MAGRPOConfig
 from comlrl_hf.rollout.generation import generate_completions
-from comlrl_hf.rollout.sampling import TopKTopPSampler, sampling_kwargs
+from comlrl_hf.rollout.sampling import TopKTopPSampler, for_model, sampling_kwargs
 
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.6, 50, 0.6), (1.0, 5, 0.9), (1.7, 200, 0.3), (0.6, 50, 1.0)])
@@ -17,6 +17,18 @@ def test_kept_set_and_logits_equal_hf_warpers_on_random_logits(temperature, top_
     for _ in range(20):
         scores = torch.randn(8, 3000, generator=generator) * 4
         assert torch.equal(sampler.filter(None, scores), sampler.reference(None, scores))
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.6, 0.6), (1.0, 1.0)])
+def test_bf16_logits_with_ties_at_the_top_k_edge_equal_hf_warpers(temperature, top_p):
+    """bf16's coarse grid ties the k-th logit with others in most rows: they all survive, row by row, as in HF."""
+    sampler = TopKTopPSampler(temperature, 50, top_p)
+    generator = torch.Generator().manual_seed(1)
+    scores = (torch.randn(16, 5000, generator=generator) * 3).bfloat16().float()
+    values = torch.topk(scores, 51).values
+    assert (values[:, 49] == values[:, 50]).sum() >= 4  # the case this test is about
+    assert sampler.kept(scores) is not None  # no fallback to the full-vocabulary path
+    assert torch.equal(sampler.filter(None, scores), sampler.reference(None, scores))
 
 
 def test_ties_at_the_top_k_edge_keep_every_tied_token_as_hf_does():
@@ -68,6 +80,16 @@ def test_generate_with_the_sampler_is_seeded_and_top_1_is_greedy(llama_dir):
     top1 = MAGRPOConfig(output_dir="out", max_new_tokens=12, top_k=1, report_to=[]).generation_kwargs(do_sample=True)
     greedy = generate_completions(model, tokenizer, prompts, 1, {"max_new_tokens": 12, "do_sample": False})
     assert torch.equal(generate_completions(model, tokenizer, prompts, 1, top1).completion_ids, greedy.completion_ids)
+
+
+def test_a_model_generation_config_with_sampling_only_settings_keeps_hf_sampling(llama_dir):
+    model = AutoModelForCausalLM.from_pretrained(llama_dir)
+    kwargs = MAGRPOConfig(output_dir="out", max_new_tokens=4, report_to=[]).generation_kwargs(do_sample=True)
+    assert for_model(model, kwargs) is kwargs  # nothing sampling-only configured: the sampler
+    model.generation_config.min_p = 0.05  # applied by transformers only when do_sample=True
+    adapted = for_model(model, kwargs)
+    assert adapted["do_sample"] is True and "logits_processor" not in adapted
+    assert (adapted["temperature"], adapted["top_k"], adapted["top_p"]) == (0.6, 50, 0.6)
 
 
 def test_no_top_k_uses_hf_sampling():

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from .sampling import for_model
+
 Prompt = str | list  # plain text, or a conversation (list of {"role", "content"} messages)
 
 
@@ -91,7 +93,7 @@ def generate_completions(
             attention_mask=prompt_mask,
             pad_token_id=tokenizer.pad_token_id,
             eos_token_id=eos_ids,
-            **generation_kwargs,
+            **for_model(model, generation_kwargs),
         )
     finally:
         model.train(was_training)
@@ -135,7 +137,7 @@ def generate_completions_with_adapters(
     try:
         sequences = model.generate(
             input_ids=prompt_ids, attention_mask=prompt_mask, adapter_names=names,
-            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids, **generation_kwargs,
+            pad_token_id=tokenizer.pad_token_id, eos_token_id=eos_ids, **for_model(model, generation_kwargs),
         )
     finally:
         model.train(was_training)

@@ -11,8 +11,8 @@ The kept set is exactly HF's: top-k keeps every logit >= the k-th largest, and t
 ascending cumulative probability is <= 1 - p, keeping at least one; the kept logits are divided by T as HF does.
 The draw is from the same distribution as HF's, but not the same draw for a given seed (it consumes the torch
 RNG differently). The only numerical difference is the order in which the softmax denominator is summed (k terms
-here, k terms plus exact zeros in HF), which can move a cumulative sum by an ulp. A row whose k-th logit ties the
-(k+1)-th takes HF's full-vocabulary path, since `topk` would drop part of the tie.
+here, k terms plus exact zeros in HF), which can move a cumulative sum by an ulp. Logits tied with the k-th all
+survive, as in HF (the top-k is widened to cover the tie).
 """
 
 from __future__ import annotations
@@ -44,22 +44,26 @@ class TopKTopPSampler(LogitsProcessor):
         return scores
 
     def kept(self, scores: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """(logits / T of the k largest, with -inf for those top-p removes; their vocabulary indices), or None
-        when a row's k-th logit ties the (k+1)-th (then only HF's full-vocabulary chain keeps the whole tie)."""
-        k = min(self.top_k, scores.shape[-1])
-        if k == scores.shape[-1]:
+        """(logits / T of the top-k survivors, with -inf for those top-p removes; their vocabulary indices), or None
+        when top-k keeps the whole vocabulary. Like TopKLogitsWarper, every logit tied with the k-th survives:
+        frequent in bf16, whose coarse grid makes equal logits common."""
+        scaled = scores / self.temperature  # TemperatureLogitsWarper's division, before top-k as in generate
+        k = min(self.top_k, scaled.shape[-1])
+        if k == scaled.shape[-1]:
             return None
-        top_values, top_indices = torch.topk(scores, k + 1, dim=-1)  # descending; column k shows a tie at the edge
-        if bool((top_values[:, k] == top_values[:, k - 1]).any()):
-            return None
-        kept_logits = top_values[:, :k] / self.temperature  # the division TemperatureLogitsWarper does
+        values, indices = torch.topk(scaled, k, dim=-1)  # descending
+        kth = values[:, -1:]
+        width = int((scaled >= kth).sum(dim=-1).max())
+        if width > k:  # some row ties its k-th logit: widen to every tied logit, then drop what is below each row's k-th
+            values, indices = torch.topk(scaled, width, dim=-1)
+            values = values.masked_fill(values < kth, -float("inf"))
         if self.top_p < 1.0:
             # TopPLogitsWarper on the survivors: ascending cumulative mass, drop while <= 1 - p, keep the largest
-            cumulative = kept_logits.flip(-1).softmax(dim=-1).cumsum(dim=-1)
+            cumulative = values.flip(-1).softmax(dim=-1).cumsum(dim=-1)
             remove = (cumulative <= (1 - self.top_p)).flip(-1)
             remove[:, 0] = False
-            kept_logits = kept_logits.masked_fill(remove, -float("inf"))
-        return kept_logits, top_indices[:, :k]
+            values = values.masked_fill(remove, -float("inf"))
+        return values, indices
 
     def filter(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         """The warped scores over the whole vocabulary (-inf outside the kept set), as HF's chain returns them."""
@@ -90,3 +94,31 @@ def sampling_kwargs(temperature: float, top_k: int | None, top_p: float) -> dict
         "do_sample": False, "temperature": None, "top_k": None, "top_p": None,
         "logits_processor": LogitsProcessorList([TopKTopPSampler(float(temperature), int(top_k), float(top_p))]),
     }
+
+
+def _extra_sampling_settings(generation_config) -> list[str]:
+    """Settings of a model's generation_config that transformers applies only when sampling (or that turn
+    `generate` into beam search): with any of them, greedy decoding over the sampler's scores would drop them."""
+    if generation_config is None:
+        return []
+    checks = {
+        "num_beams": lambda v: v is not None and v > 1, "min_p": lambda v: v is not None,
+        "typical_p": lambda v: v is not None and v < 1.0, "epsilon_cutoff": lambda v: v is not None and v > 0,
+        "eta_cutoff": lambda v: v is not None and v > 0, "top_h": lambda v: v is not None,
+    }
+    return [name for name, is_set in checks.items() if is_set(getattr(generation_config, name, None))]
+
+
+def for_model(model, generation_kwargs: dict) -> dict:
+    """`generation_kwargs` for this model: the sampler's, unless the model's generation_config sets something only
+    transformers' sampling path applies (`min_p`, `typical_p`, beams, ...); then transformers' own sampling with
+    the same temperature/top-k/top-p, so those settings keep working as before."""
+    processors = generation_kwargs.get("logits_processor") or []
+    sampler = next((p for p in processors if isinstance(p, TopKTopPSampler)), None)
+    if sampler is None or not _extra_sampling_settings(getattr(model, "generation_config", None)):
+        return generation_kwargs
+    rest = {k: v for k, v in generation_kwargs.items() if k not in ("logits_processor", "do_sample", "temperature", "top_k", "top_p")}
+    others = [p for p in processors if p is not sampler]
+    if others:
+        rest["logits_processor"] = LogitsProcessorList(others)
+    return {**rest, "do_sample": True, "temperature": sampler.temperature, "top_k": sampler.top_k, "top_p": sampler.top_p}

@@ -114,13 +114,15 @@ def dataset_fingerprint(dataset) -> dict | None:
 
 @contextlib.contextmanager
 def _objects_alive_now_frozen():
-    """`gc.freeze()` for the duration of training: the ~400k objects of torch/transformers/datasets are then skipped
-    by every full garbage collection (accelerate runs one at each `train()` start, 0.27 s on the 2-core CPU, and
-    Python runs more as training allocates). Reference counting still frees everything; only cycles that already
-    existed wait until training ends. A caller that froze objects itself keeps its own choice."""
+    """`gc.freeze()` for the duration of training, after one full collection: the ~400k objects of
+    torch/transformers/datasets are then skipped by every later full collection (a full pass costs 0.27 s on the
+    2-core CPU; accelerate runs one right at `train()` start and Python runs more as training allocates). Garbage is
+    collected first, so a previous trainer's cycles are freed, not kept for the run. A caller that froze objects
+    itself keeps its own choice."""
     if gc.get_freeze_count():
         yield
         return
+    gc.collect()  # garbage that exists now (a previous trainer in a notebook or sweep) must not be frozen with the rest
     gc.freeze()
     try:
         yield

@@ -194,7 +194,12 @@ class FullyShardedMixin:
             yield
         finally:
             agent.set_reshard_after_forward(self._fsdp_settings["reshard_after_forward"])
-            agent.reshard()
+            # reshard() is not recursive: the decode loop left every layer whole, free each group's full weights
+            from torch.distributed.fsdp import FSDPModule
+
+            for module in agent.modules():
+                if isinstance(module, FSDPModule):
+                    module.reshard()
 
     def _wrap_model(self, model, training: bool = True, dataloader=None):
         """Never DDP around sharded agents (accelerate would wrap even one process): device placement and mixed

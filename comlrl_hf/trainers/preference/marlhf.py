@@ -86,6 +86,8 @@ class MARLHFTrainer(MultiAgentTrainer):
     config_class = MARLHFConfig
     algorithm_name = "MARLHF"
     supports_data_parallel = True  # tests/test_ddp.py (magrpo backend; iac/maac backends are tested alone)
+    # pair collection gives processes unequal numbers of generate calls, each an all-gather under FSDP (a hang)
+    supports_fully_sharded = False
     _backend = None
 
     def __new__(cls, *args, **kwargs):
