@@ -89,6 +89,7 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=5e-5, help="agent learning rate")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=None, help="top-k sampling (the demo samples from the full distribution)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     p.add_argument("--model-dir", default=None, help="a local model directory (default: SmolLM2, converted once)")
@@ -141,7 +142,7 @@ def main(argv=None):
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
-        top_k=None,
+        top_k=args.top_k,
         agent_learning_rate=args.lr,
         logging_steps=1,
         save_strategy="no",
