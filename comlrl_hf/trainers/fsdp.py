@@ -231,24 +231,27 @@ class FullyShardedMixin:
             state["optimizer"] = _indexed(optim) if optim else None
         return state
 
-    def _save_checkpoint(self, model, trial) -> None:
-        if not self._fsdp:
-            return super()._save_checkpoint(model, trial)
+    @contextlib.contextmanager
+    def _full_state_gathered(self):
+        """Every agent's full state (and the optimizer's) gathered for the writes inside; a collective."""
         self._fsdp_full_state = self._gather_full_state()
         try:
-            return super()._save_checkpoint(model, trial)
+            yield
         finally:
             self._fsdp_full_state = None
 
+    def _save_checkpoint(self, model, trial) -> None:
+        if not self._fsdp:
+            return super()._save_checkpoint(model, trial)
+        with self._full_state_gathered():
+            return super()._save_checkpoint(model, trial)
+
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
         """Under FSDP every process must call it (the weights are gathered); process 0 writes."""
-        if not self._fsdp or self._fsdp_full_state is not None:
+        if not self._fsdp or self._fsdp_full_state is not None:  # inside a checkpoint: already gathered
             return super().save_model(output_dir, _internal_call)
-        self._fsdp_full_state = self._gather_full_state()
-        try:
+        with self._full_state_gathered():
             return super().save_model(output_dir, _internal_call)
-        finally:
-            self._fsdp_full_state = None
 
     def _agent_state_dicts(self) -> list[dict] | None:
         """What `_save` writes for each agent: the gathered full state dicts under FSDP (None: the live agents)."""
